@@ -1,0 +1,6 @@
+"""`python -m gateway` is a shorthand for `python -m gateway.fake`."""
+
+from gateway.fake import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+-- name: migrations_table
+-- The ledger of applied migration files.
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    name        text PRIMARY KEY,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: lock_migrations
+-- Serialize concurrent migrate runs (session-level lock).
+SELECT pg_advisory_lock(%(key)s);
+
+-- name: unlock_migrations
+-- Release the migrate lock.
+SELECT pg_advisory_unlock(%(key)s);
+
+-- name: applied_migrations
+-- Names of the migrations already applied.
+SELECT name FROM schema_migrations ORDER BY name;
+
+-- name: record_migration
+-- Record one applied migration.
+INSERT INTO schema_migrations (name) VALUES (%(name)s);
+
+-- name: payment_partitions
+-- The day partitions of payments with their bounds, oldest first.
+SELECT c.relname AS name,
+       pg_get_expr(c.relpartbound, c.oid) AS bound
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_class p ON p.oid = i.inhparent
+WHERE p.relname = 'payments'
+ORDER BY c.relname;
+
+-- name: create_api_key
+-- Store a new API key (hash only).
+INSERT INTO api_keys (actor, prefix, key_hash, scopes)
+VALUES (%(actor)s, %(prefix)s, %(key_hash)s, %(scopes)s)
+RETURNING id, actor, prefix, scopes, created_at;
+
+-- name: find_api_key
+-- The live key with this hash.
+SELECT id, actor, scopes FROM api_keys
+WHERE key_hash = %(key_hash)s AND revoked_at IS NULL;
+
+-- name: list_api_keys
+-- Every key, newest first (never the hash).
+SELECT id, actor, prefix, scopes, created_at, revoked_at FROM api_keys ORDER BY id DESC;
+
+-- name: revoke_api_key
+-- Revoke a key by its prefix.
+UPDATE api_keys SET revoked_at = now()
+WHERE prefix = %(prefix)s AND revoked_at IS NULL
+RETURNING id, actor, prefix;
+
+-- name: create_partition
+-- One day partition of payments (identifiers and bounds filled in by psycopg.sql).
+CREATE TABLE IF NOT EXISTS {name} PARTITION OF payments FOR VALUES FROM ({start}) TO ({end});

@@ -1,0 +1,49 @@
+"""Connections: one psycopg pool per process, autocommit by default.
+
+Multi-statement units of work open ``conn.transaction()`` explicitly; every
+single-statement transition runs in autocommit, so a CAS is one round trip.
+"""
+
+from __future__ import annotations
+
+from psycopg import Connection
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from paycron.config import Config
+from paycron.errors import ConfigError
+
+#: Every session talks UTC, so timestamptz values come back as aware UTC.
+_SESSION_OPTIONS = "-c TimeZone=UTC"
+
+
+def connection_kwargs() -> dict:
+    return {"autocommit": True, "row_factory": dict_row, "options": _SESSION_OPTIONS}
+
+
+def require_database_url(config: Config) -> str:
+    if not config.database_url:
+        raise ConfigError("DATABASE_URL is not set")
+    return config.database_url
+
+
+def make_pool(config: Config, *, min_size: int = 1, max_size: int | None = None,
+              name: str = "paycron") -> ConnectionPool:
+    """An opened pool; the caller closes it (``with make_pool(...) as pool``)."""
+    pool = ConnectionPool(
+        require_database_url(config),
+        min_size=min_size,
+        max_size=max_size or config.db_pool_max,
+        kwargs=connection_kwargs(),
+        name=name,
+        open=False,
+        # A dead server must surface as an error quickly, not hang a request.
+        timeout=10,
+    )
+    pool.open(wait=False)
+    return pool
+
+
+def connect(config: Config) -> Connection:
+    """One standalone connection (CLI commands, migrations)."""
+    return Connection.connect(require_database_url(config), **connection_kwargs())

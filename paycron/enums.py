@@ -1,0 +1,47 @@
+"""Statuses, attempt outcomes and failure reasons: the one place they are
+named. The schema's CHECK constraints mirror these (a test compares them)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    PENDING = "PENDING"
+    PROCESSING = "PROCESSING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+
+
+class Outcome(StrEnum):
+    """What one gateway call (one ``attempts`` row) ended as."""
+
+    IN_FLIGHT = "IN_FLIGHT"  # written before the call: the recovery point
+    SUCCEEDED = "SUCCEEDED"
+    DECLINED = "DECLINED"  # terminal decline
+    RETRYABLE_ERROR = "RETRYABLE_ERROR"  # 5xx or refused connection
+    AMBIGUOUS = "AMBIGUOUS"  # timeout / dropped after sending: may have charged
+    RATE_LIMITED = "RATE_LIMITED"  # 429: definitive non-charge, costs no budget
+    LEASE_EXPIRED = "LEASE_EXPIRED"  # marked by the reaper; the worker may still finish it
+    RECONCILED = "RECONCILED"  # repaired from the settlement report
+    FOUND_BY_LOOKUP = "FOUND_BY_LOOKUP"  # the charge was found by reference
+
+
+class FailureReason(StrEnum):
+    DECLINED = "DECLINED"
+    RETRIES_EXHAUSTED = "RETRIES_EXHAUSTED"
+    LEASE_EXPIRED_REPEATEDLY = "LEASE_EXPIRED_REPEATEDLY"
+
+
+class Resolution(StrEnum):
+    """How a dead letter was closed."""
+
+    REDRIVEN = "REDRIVEN"
+    REFUNDED = "REFUNDED"
+    DISMISSED = "DISMISSED"
+    COMPLETED = "COMPLETED"  # the charge turned up (lookup or reconciliation)

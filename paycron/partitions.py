@@ -1,0 +1,71 @@
+"""Day partitions of ``payments``: created ahead for the whole horizon.
+
+``ensure_partitions`` is idempotent: it creates only the missing days, so
+``paycron migrate``, ``paycron partitions ensure`` and the scheduler's
+partition keeper can all call it at any time.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, date, datetime, time, timedelta
+
+from psycopg import Connection, sql
+
+from paycron.config import Config
+from paycron.migrate import schema_lock
+from paycron.sql import q
+
+_NAME = re.compile(r"^payments_p(\d{8})$")
+
+
+def partition_name(day: date) -> str:
+    return f"payments_p{day:%Y%m%d}"
+
+
+def day_start(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+def existing_days(conn: Connection) -> list[date]:
+    days = []
+    for row in conn.execute(q("payment_partitions")):
+        match = _NAME.match(row["name"])
+        if match:
+            days.append(datetime.strptime(match.group(1), "%Y%m%d").date())
+    return sorted(days)
+
+
+def wanted_days(config: Config, today: date) -> list[date]:
+    """Yesterday (a payment due just before midnight) through horizon + margin."""
+    last = today + timedelta(days=config.horizon_days + config.partition_margin_days)
+    return [today + timedelta(days=n) for n in range(-1, (last - today).days + 1)]
+
+
+def ensure_partitions(conn: Connection, config: Config, today: date | None = None) -> list[str]:
+    """Create every missing day partition; returns the names created."""
+    today = today or datetime.now(UTC).date()
+    created = []
+    with schema_lock(conn):
+        have = set(existing_days(conn))
+        for day in wanted_days(config, today):
+            if day in have:
+                continue
+            statement = sql.SQL(q("create_partition")).format(
+                name=sql.Identifier(partition_name(day)),
+                start=sql.Literal(day_start(day)),
+                end=sql.Literal(day_start(day + timedelta(days=1))),
+            )
+            conn.execute(statement)
+            created.append(partition_name(day))
+    return created
+
+
+def days_ahead(conn: Connection, today: date | None = None) -> int:
+    """How many whole days past today are covered without a gap."""
+    today = today or datetime.now(UTC).date()
+    have = set(existing_days(conn))
+    ahead = 0
+    while today + timedelta(days=ahead + 1) in have:
+        ahead += 1
+    return ahead

@@ -1,0 +1,113 @@
+"""Creating and reading payments (the write path's only non-transition).
+
+Status changes live in :mod:`paycron.transitions`; this module creates a
+payment (idempotently) and reads payments for their payer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from psycopg import Connection
+
+from paycron.errors import IdempotencyKeyReused
+from paycron.ids import due_range, new_payment_id
+from paycron.sql import q
+
+#: Sorts after every real (created_at, id): the keyset start of page one.
+_FIRST_PAGE = ("infinity", uuid.UUID(int=(1 << 128) - 1))
+
+
+@dataclass(frozen=True)
+class NewPayment:
+    """A validated create request (money in minor units, due time aware UTC)."""
+
+    payee: str
+    amount_minor: int
+    currency: str
+    due_at: datetime
+
+
+@dataclass(frozen=True)
+class Created:
+    payment: dict
+    replayed: bool
+
+
+def request_hash(body: object) -> bytes:
+    """sha256 of the body's canonical JSON: key order and spacing do not matter."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).digest()
+
+
+def find_replay(conn: Connection, actor: str, key: str, body_hash: bytes) -> dict | None:
+    """The payment an earlier create under (actor, key) made, if there was one.
+
+    Raises :class:`IdempotencyKeyReused` when that create had another body.
+    Looked up before any time-based validation, so replaying a create after
+    its due time has passed still returns the original payment.
+    """
+    row = conn.execute(q("find_idempotency_key"), {"actor": actor, "key": key}).fetchone()
+    if row is None:
+        return None
+    if bytes(row["request_hash"]) != body_hash:
+        raise IdempotencyKeyReused("this Idempotency-Key was used with a different request body")
+    return get_payment(conn, row["payment_id"], actor=actor)
+
+
+def create_payment(conn: Connection, *, actor: str, key: str, body_hash: bytes,
+                   new: NewPayment, smear_seconds: float = 0.0) -> Created:
+    """Insert the payment, its idempotency row and its event in one transaction.
+
+    Concurrent creates with one key: the first insert wins, the others wait
+    for it and then answer as replays of it (or 409 if their body differs).
+    """
+    run_at = new.due_at
+    if smear_seconds > 0:
+        # Humans schedule for round times; smearing spreads a midnight spike.
+        run_at += timedelta(seconds=random.uniform(0, smear_seconds))
+    payment_id = new_payment_id(new.due_at)
+    row = conn.execute(q("create_payment"), {
+        "actor": actor, "key": key, "request_hash": body_hash, "id": payment_id,
+        "due_at": new.due_at, "payee": new.payee, "amount_minor": new.amount_minor,
+        "currency": new.currency, "run_at": run_at,
+    }).fetchone()
+    if row is not None:
+        return Created(payment={**row, "attempts": []}, replayed=False)
+    replay = find_replay(conn, actor, key, body_hash)
+    if replay is None:  # the key's payment vanished: its partition was detached
+        raise IdempotencyKeyReused("this Idempotency-Key belongs to an archived payment")
+    return Created(payment=replay, replayed=True)
+
+
+def get_payment(conn: Connection, payment_id: uuid.UUID, *, actor: str | None,
+                with_attempts: bool = True) -> dict | None:
+    """One payment with its attempts, or None (also when it is another payer's)."""
+    due_from, due_to = due_range(payment_id)
+    row = conn.execute(q("get_payment"), {
+        "id": payment_id, "due_from": due_from, "due_to": due_to, "actor": actor,
+    }).fetchone()
+    if row is None:
+        return None
+    if with_attempts:
+        row["attempts"] = conn.execute(q("get_attempts"), {"id": payment_id}).fetchall()
+    return row
+
+
+def list_payments(conn: Connection, *, actor: str, status: str | None, limit: int,
+                  after: tuple[datetime, uuid.UUID] | None) -> tuple[list[dict], tuple | None]:
+    """A page of the payer's payments, newest first, and the keyset of the next page."""
+    before_created_at, before_id = after or _FIRST_PAGE
+    rows = conn.execute(q("list_payments"), {
+        "actor": actor, "status": status, "limit": limit + 1,
+        "before_created_at": before_created_at,
+        "before_id": before_id,
+    }).fetchall()
+    page, more = rows[:limit], len(rows) > limit
+    next_key = (page[-1]["created_at"], page[-1]["id"]) if more else None
+    return page, next_key

@@ -1,0 +1,235 @@
+"""POST /v1/scheduled-payments: create, idempotent replay, bad input."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from tests.conftest import future, iso
+
+URL = "/v1/scheduled-payments"
+
+
+def body(**overrides) -> dict:
+    payload = {"payee": "acme", "amount": 2500, "dueAt": iso(future())}
+    payload.update(overrides)
+    return {k: v for k, v in payload.items() if v is not ...}
+
+
+def post(client, headers, payload, key="key-1", **extra):
+    h = dict(headers)
+    if key is not None:
+        h["Idempotency-Key"] = key
+    return client.post(URL, json=payload, headers=h, **extra)
+
+
+def count(conn, table):
+    return conn.execute(f"SELECT count(*) AS n FROM {table}").fetchone()["n"]
+
+
+def test_create_returns_the_pending_payment(client, alice, conn):
+    due = future(7200).replace(microsecond=0)
+    response = post(client, alice, body(dueAt=iso(due)))
+    assert response.status_code == 201
+    data = response.get_json()
+    assert data["status"] == "PENDING"
+    assert data["payer"] == "alice" and data["payee"] == "acme"
+    assert data["amount"] == 2500 and isinstance(data["amount"], int)
+    assert data["currency"] == "USD"
+    assert datetime.fromisoformat(data["dueAt"]) == due
+    assert data["attempts"] == []
+    assert response.headers["Location"].endswith(data["id"])
+    assert "Idempotent-Replayed" not in response.headers
+    # one payment, one idempotency row, one created event: one transaction
+    assert count(conn, "payments") == 1
+    assert count(conn, "idempotency_keys") == 1
+    event = conn.execute("SELECT type, payer FROM payment_events").fetchall()
+    assert event == [{"type": "payment.created", "payer": "alice"}]
+
+
+def test_due_at_with_an_offset_is_stored_in_utc(client, alice):
+    due = future(7200).astimezone(__import__("zoneinfo").ZoneInfo("Asia/Tokyo"))
+    data = post(client, alice, body(dueAt=due.isoformat())).get_json()
+    assert data["dueAt"].endswith("+00:00")
+    assert datetime.fromisoformat(data["dueAt"]) == due
+
+
+def test_replay_with_the_same_body_returns_the_same_payment(client, alice, conn):
+    payload = body()
+    first = post(client, alice, payload)
+    second = post(client, alice, dict(reversed(payload.items())))  # key order is irrelevant
+    assert second.status_code == 201
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert second.get_json()["id"] == first.get_json()["id"]
+    assert count(conn, "payments") == 1
+
+
+def test_same_key_different_body_is_409_and_creates_nothing(client, alice, conn):
+    post(client, alice, body(amount=2500))
+    response = post(client, alice, body(amount=2600))
+    assert response.status_code == 409
+    assert response.mimetype == "application/problem+json"
+    assert response.get_json()["code"] == "IDEMPOTENCY_KEY_REUSED"
+    assert count(conn, "payments") == 1
+
+
+def test_the_same_key_from_two_actors_makes_two_payments(client, alice, bob, conn):
+    payload = body()
+    a = post(client, alice, payload).get_json()
+    b = post(client, bob, payload).get_json()
+    assert a["id"] != b["id"]
+    assert (a["payer"], b["payer"]) == ("alice", "bob")
+    assert count(conn, "payments") == 2
+
+
+def test_replay_after_due_at_passed_returns_the_original(app, config, alice, conn):
+    from web import create_app
+
+    payload = body(dueAt=iso(future(3600)))
+    first = post(app.test_client(), alice, payload).get_json()
+    # Two hours later the dueAt has passed.
+    later = create_app(config, clock=lambda: datetime.now(UTC) + timedelta(hours=2))
+    try:
+        client = later.test_client()
+        # a fresh create with that dueAt is refused ...
+        assert post(client, alice, payload, key="other").status_code == 400
+        # ... but the replay still returns the original payment
+        replay = post(client, alice, payload)
+    finally:
+        later.extensions["paycron.pool"].close()
+    assert replay.status_code == 201
+    assert replay.get_json()["id"] == first["id"]
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert count(conn, "payments") == 1
+
+
+def test_sixteen_concurrent_posts_with_one_key_make_one_payment(live_server, alice, conn):
+    payload = body()
+
+    def send(_):
+        with httpx.Client(base_url=live_server, timeout=30) as http:
+            return http.post(URL, json=payload, headers={**alice, "Idempotency-Key": "race"})
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(send, range(16)))
+    assert count(conn, "payments") == 1
+    payment_id = conn.execute("SELECT id FROM payments").fetchone()["id"]
+    for response in responses:
+        assert response.status_code in (201, 409), response.text
+        if response.status_code == 201:
+            assert response.json()["id"] == str(payment_id)
+    assert sum(r.status_code == 201 and "Idempotent-Replayed" not in r.headers
+               for r in responses) == 1
+
+
+BAD_BODIES = {
+    "amount as float": ({"amount": 25.0}, "amount"),
+    "amount as fraction": ({"amount": 25.5}, "amount"),
+    "amount as string": ({"amount": "25"}, "amount"),
+    "amount as bool": ({"amount": True}, "amount"),
+    "amount zero": ({"amount": 0}, "amount"),
+    "amount negative": ({"amount": -1}, "amount"),
+    "amount above cap": ({"amount": 100_000_001}, "amount"),
+    "amount missing": ({"amount": ...}, "amount"),
+    "amount null": ({"amount": None}, "amount"),
+    "dueAt naive": ({"dueAt": future().replace(tzinfo=None).isoformat()}, "dueAt"),
+    "dueAt past": ({"dueAt": iso(datetime.now(UTC) - timedelta(minutes=1))}, "dueAt"),
+    "dueAt beyond horizon": ({"dueAt": iso(datetime.now(UTC) + timedelta(days=367))}, "dueAt"),
+    "dueAt not a date": ({"dueAt": "next tuesday"}, "dueAt"),
+    "dueAt missing": ({"dueAt": ...}, "dueAt"),
+    "unknown currency": ({"currency": "XYZ"}, "currency"),
+    "lowercase currency": ({"currency": "usd"}, "currency"),
+    "payer in body": ({"payer": "mallory"}, "payer"),
+    "status in body": ({"status": "COMPLETED"}, "status"),
+    "payee missing": ({"payee": ...}, "payee"),
+    "payee empty": ({"payee": ""}, "payee"),
+    "payee not a string": ({"payee": 7}, "payee"),
+}
+
+
+@pytest.mark.parametrize("overrides,field", BAD_BODIES.values(), ids=BAD_BODIES.keys())
+def test_bad_bodies_are_400_with_a_message_for_the_field(client, alice, conn, overrides, field):
+    response = post(client, alice, body(**overrides))
+    assert response.status_code == 400, response.get_json()
+    problem = response.get_json()
+    assert response.mimetype == "application/problem+json"
+    assert problem["code"] == "VALIDATION_FAILED"
+    assert field in problem["errors"], problem
+    assert count(conn, "payments") == 0
+    assert count(conn, "idempotency_keys") == 0
+
+
+def test_due_at_at_the_horizon_is_accepted(client, alice, conn):
+    due = datetime.now(UTC) + timedelta(days=366) - timedelta(minutes=1)
+    response = post(client, alice, body(dueAt=iso(due)))
+    assert response.status_code == 201, response.get_json()
+
+
+@pytest.mark.parametrize("key,code", [
+    (None, "IDEMPOTENCY_KEY_MISSING"),
+    ("", "IDEMPOTENCY_KEY_MISSING"),
+    ("k" * 256, "IDEMPOTENCY_KEY_INVALID"),
+    ("tab\tinside", "IDEMPOTENCY_KEY_INVALID"),
+])
+def test_missing_or_bad_idempotency_key_is_400(client, alice, conn, key, code):
+    response = post(client, alice, body(), key=key)
+    assert response.status_code == 400
+    assert response.get_json()["code"] == code
+    assert count(conn, "payments") == 0
+
+
+def test_a_255_character_key_is_accepted(client, alice):
+    assert post(client, alice, body(), key="k" * 255).status_code == 201
+
+
+def test_non_json_is_415(client, alice, conn):
+    response = client.post(URL, data="amount=1", headers={**alice, "Idempotency-Key": "k",
+                                                          "Content-Type": "text/plain"})
+    assert response.status_code == 415
+    assert response.get_json()["code"] == "UNSUPPORTED_MEDIA_TYPE"
+
+
+@pytest.mark.parametrize("raw", ["{not json", "[1, 2]", "25", "null"])
+def test_malformed_or_non_object_json_is_400(client, alice, conn, raw):
+    response = client.post(URL, data=raw, headers={**alice, "Idempotency-Key": "k",
+                                                   "Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert response.get_json()["code"] == "INVALID_JSON"
+    assert count(conn, "payments") == 0
+
+
+def test_oversized_body_is_413(client, alice, conn):
+    response = post(client, alice, body(payee="x" * 70_000))
+    assert response.status_code == 413
+    assert response.get_json()["code"] == "BODY_TOO_LARGE"
+    assert count(conn, "payments") == 0
+
+
+@pytest.mark.parametrize("header", [None, "Bearer", "Bearer nope", "Basic abc", "bearer  "])
+def test_missing_or_wrong_key_is_401(client, conn, header):
+    headers = {"Idempotency-Key": "k"}
+    if header is not None:
+        headers["Authorization"] = header
+    response = client.post(URL, json=body(), headers=headers)
+    assert response.status_code == 401
+    assert response.get_json()["code"] == "UNAUTHENTICATED"
+    assert count(conn, "payments") == 0
+
+
+def test_a_revoked_key_is_401(client, conn, make_key):
+    from paycron.apikeys import revoke_api_key
+
+    key = make_key("carol")
+    revoke_api_key(conn, key.split("_")[1])
+    response = post(client, {"Authorization": f"Bearer {key}"}, body())
+    assert response.status_code == 401
+
+
+def test_only_a_hash_of_the_key_is_stored(conn, make_key):
+    key = make_key("dave")
+    stored = conn.execute("SELECT * FROM api_keys WHERE actor = 'dave'").fetchone()
+    assert key.encode() not in bytes(stored["key_hash"])
+    assert key not in str(stored)

@@ -1,0 +1,34 @@
+"""The HTTP API. ``gunicorn 'web:create_app()'`` (the parentheses matter)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+import redis
+from flask import Flask
+
+from paycron.config import Config
+from paycron.db import make_pool
+from web import health, payments
+from web.problems import register_error_handlers
+from web.schemas import now_utc
+
+
+def create_app(config: Config | None = None, clock: Callable[[], datetime] = now_utc) -> Flask:
+    """The composition root of the web process. ``clock`` is for tests."""
+    config = config or Config.from_env()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    app.json.sort_keys = False
+    app.extensions["paycron.config"] = config
+    app.extensions["paycron.clock"] = clock
+    app.extensions["paycron.pool"] = make_pool(config, name="web")
+    app.extensions["paycron.redis"] = (
+        redis.Redis.from_url(config.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        if config.redis_url else None
+    )
+    register_error_handlers(app)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(payments.bp)
+    return app
