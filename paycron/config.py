@@ -66,6 +66,10 @@ class Config:
     message_group_size: int = 10
     #: Dramatiq queue the execute actor listens on.
     queue_name: str = "payments"
+    #: Prefix of every Redis key paycron writes (broker, rate limits, breaker).
+    redis_namespace: str = "paycron"
+    #: The circuit breaker judges the gateway on calls of the last this-many seconds.
+    circuit_window_seconds: int = 10
     db_pool_max: int = 10
     extra: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -145,4 +149,6 @@ class Config:
             ),
             message_group_size=get("MESSAGE_GROUP_SIZE", int, d.message_group_size),
             db_pool_max=get("DB_POOL_MAX", int, d.db_pool_max),
+            redis_namespace=get("REDIS_NAMESPACE", str, d.redis_namespace),
+            circuit_window_seconds=get("CIRCUIT_WINDOW_SECONDS", int, d.circuit_window_seconds),
         )

@@ -6,17 +6,28 @@ that says what happened. The SQL is in ``transitions.sql``.
 
 from __future__ import annotations
 
+import os
+import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from psycopg import Connection
+from psycopg_pool import ConnectionPool
 
 from paycron.enums import Status
 from paycron.errors import CancelRefused, NotFound
+from paycron.gateway_client import CallResult
 from paycron.ids import due_range
 from paycron.payments import get_payment
+from paycron.retry import Decision
 from paycron.sql import q
+
+
+def worker_name() -> str:
+    """Who made an attempt: host and pid (read at call time: workers fork)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 #: Why a cancel lost, by the status it found.
 _CANCEL_REFUSALS = {
@@ -68,3 +79,67 @@ def claim_due(conn: Connection, *, limit: int, lease_seconds: float) -> list[Cla
         q("claim_due"), {"limit": limit, "lease_seconds": lease_seconds}, prepare=True
     ).fetchall()
     return [Claim(r["id"], r["due_at"], r["attempt"]) for r in rows]
+
+
+def _claim_params(claims: Sequence[Claim]) -> dict:
+    return {
+        "ids": [c.payment_id for c in claims],
+        "due_ats": [c.due_at for c in claims],
+        "attempts": [c.attempt for c in claims],
+    }
+
+
+def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
+    """Give claims back without a call (breaker open): no budget, no attempt row."""
+    with pool.connection() as conn:
+        return len(conn.execute(q("release_claims"), _claim_params(claims)).fetchall())
+
+
+def start(pool: ConnectionPool, claims: Sequence[Claim], *, lease_seconds: float,
+          worker: str | None = None) -> list[dict]:
+    """Fence, renew the lease and write IN_FLIGHT, for every claim at once.
+    Returns the rows this worker now holds (stale and duplicate claims drop)."""
+    with pool.connection() as conn:
+        return conn.execute(q("start_attempts"), {
+            **_claim_params(claims), "lease_seconds": lease_seconds,
+            "worker": worker or worker_name(),
+        }, prepare=True).fetchall()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One call's outcome and the payment's next state."""
+
+    row: dict
+    result: CallResult
+    decision: Decision
+
+
+def finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
+    """Record every outcome and CAS every payment, in one statement."""
+    if not done:
+        return []
+    params = {
+        "ids": [d.row["id"] for d in done],
+        "due_ats": [d.row["due_at"] for d in done],
+        "attempts": [d.row["attempt"] for d in done],
+        "payers": [d.row["payer"] for d in done],
+        "outcomes": [d.result.outcome.value for d in done],
+        "error_codes": [d.result.error_code for d in done],
+        "gateway_refs": [d.result.gateway_ref for d in done],
+        "statuses": [d.decision.status.value for d in done],
+        "delays": [float(d.decision.delay) for d in done],
+        "failures": [d.decision.failures for d in done],
+        "in_doubts": [d.decision.in_doubt for d in done],
+        "failure_reasons": [d.decision.failure_reason and d.decision.failure_reason.value
+                            for d in done],
+    }
+    with pool.connection() as conn:
+        return conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
+
+
+def reap_expired(conn: Connection, *, limit: int, max_lease_expiries: int) -> list[dict]:
+    """PROCESSING rows past their lease -> PENDING (in doubt if a call was in
+    flight), or FAILED ``LEASE_EXPIRED_REPEATEDLY`` at the limit."""
+    return conn.execute(q("reap_expired"), {
+        "limit": limit, "max_lease_expiries": max_lease_expiries}, prepare=True).fetchall()

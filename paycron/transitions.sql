@@ -40,3 +40,153 @@ WITH due AS (
     SELECT id, payer, 'payment.processing', 'PROCESSING', attempt FROM claimed
 )
 SELECT id, due_at, attempt FROM claimed ORDER BY run_at;
+
+-- name: start_attempts
+-- Fence + lease renewal + the IN_FLIGHT attempt row (the recovery point),
+-- for every claim of a message at once. A claim whose fence fails is stale
+-- and dropped; a claim whose attempt row already exists is a duplicated
+-- message and is dropped too: the attempt row is the exclusive token.
+WITH claim AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
+        AS c(id, due_at, attempt)
+), fenced AS (
+    UPDATE payments p
+    SET lease_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+    FROM claim c
+    WHERE p.id = c.id AND p.due_at = c.due_at AND p.status = 'PROCESSING'
+      AND p.attempt = c.attempt
+    RETURNING p.id, p.due_at, p.attempt, p.payer, p.amount_minor, p.currency, p.failures,
+              p.in_doubt
+), started AS (
+    INSERT INTO attempts (payment_id, attempt, gateway_key, outcome, worker, due_at)
+    SELECT id, attempt, id::text, 'IN_FLIGHT', %(worker)s, due_at FROM fenced
+    ON CONFLICT (payment_id, attempt) DO NOTHING
+    RETURNING payment_id
+)
+SELECT f.* FROM fenced f JOIN started s ON s.payment_id = f.id;
+
+-- name: finish_attempts
+-- Each call's outcome on its own attempt row (also after the reaper marked
+-- it LEASE_EXPIRED: the real outcome wins), then the payment's CAS fenced on
+-- the attempt (a zombie changes no status), an event per outcome, and a
+-- dead letter for each payment parked.
+WITH outcome AS (
+    SELECT * FROM unnest(
+        %(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[], %(payers)s::text[],
+        %(outcomes)s::text[], %(error_codes)s::text[], %(gateway_refs)s::text[],
+        %(statuses)s::text[], %(delays)s::float8[], %(failures)s::int[], %(in_doubts)s::bool[],
+        %(failure_reasons)s::text[]
+    ) AS o(id, due_at, attempt, payer, outcome, error_code, gateway_ref, status, delay,
+           failures, in_doubt, failure_reason)
+), finished AS (
+    UPDATE attempts a
+    SET outcome = o.outcome, error_code = o.error_code, gateway_ref = o.gateway_ref,
+        finished_at = now()
+    FROM outcome o
+    WHERE a.payment_id = o.id AND a.attempt = o.attempt
+      AND a.outcome IN ('IN_FLIGHT', 'LEASE_EXPIRED')
+    RETURNING a.payment_id
+), moved AS (
+    UPDATE payments p
+    SET status = o.status,
+        run_at = CASE WHEN o.status = 'PENDING'
+                      THEN greatest(p.due_at, now() + make_interval(secs => o.delay))
+                      ELSE p.run_at END,
+        failures = o.failures, in_doubt = o.in_doubt, failure_reason = o.failure_reason,
+        last_error = coalesce(o.error_code, p.last_error), lease_until = NULL,
+        updated_at = now()
+    FROM outcome o
+    WHERE p.id = o.id AND p.due_at = o.due_at AND p.status = 'PROCESSING'
+      AND p.attempt = o.attempt
+    RETURNING p.id, p.status, p.run_at
+), events AS (
+    INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
+    SELECT o.id, o.payer,
+           CASE WHEN m.id IS NULL THEN 'attempt.finished'
+                ELSE 'payment.' || lower(m.status) END,
+           coalesce(m.status, 'UNCHANGED'), o.attempt,
+           jsonb_strip_nulls(jsonb_build_object(
+               'outcome', o.outcome, 'errorCode', o.error_code, 'gatewayRef', o.gateway_ref,
+               'failureReason', o.failure_reason,
+               'nextAttemptAt', CASE WHEN m.status = 'PENDING' THEN m.run_at END,
+               'stale', m.id IS NULL))
+    FROM outcome o
+    JOIN finished f ON f.payment_id = o.id
+    LEFT JOIN moved m ON m.id = o.id
+), parked AS (
+    INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error)
+    SELECT o.id, o.due_at, o.payer, o.failure_reason, o.error_code
+    FROM outcome o JOIN moved m ON m.id = o.id
+    WHERE m.status = 'FAILED' AND o.failure_reason = 'RETRIES_EXHAUSTED'
+    ON CONFLICT (payment_id) WHERE resolution IS NULL DO NOTHING
+)
+SELECT o.id, f.payment_id IS NOT NULL AS recorded, m.id IS NOT NULL AS moved, m.status
+FROM outcome o
+LEFT JOIN finished f ON f.payment_id = o.id
+LEFT JOIN moved m ON m.id = o.id;
+
+-- name: release_claims
+-- The breaker is open: give held claims back without a call and without
+-- using budget. run_at is kept, so the backlog drains oldest-first later.
+WITH claim AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
+        AS c(id, due_at, attempt)
+), released AS (
+    UPDATE payments p
+    SET status = 'PENDING', lease_until = NULL, updated_at = now()
+    FROM claim c
+    WHERE p.id = c.id AND p.due_at = c.due_at AND p.status = 'PROCESSING'
+      AND p.attempt = c.attempt
+    RETURNING p.id, p.payer, p.attempt
+), events AS (
+    INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
+    SELECT id, payer, 'payment.released', 'PENDING', attempt, '{"reason": "circuit_open"}'
+    FROM released
+)
+SELECT id FROM released;
+
+-- name: reap_expired
+-- PROCESSING rows whose lease ran out go back to PENDING (or park after
+-- MAX_LEASE_EXPIRIES), guarded on status + lease + attempt so a row that
+-- just completed is never overwritten. An attempt row still IN_FLIGHT means
+-- the call may have landed: mark it LEASE_EXPIRED (unless its worker already
+-- wrote it) and put the payment in doubt.
+WITH expired AS (
+    SELECT id, due_at, attempt FROM payments
+    WHERE status = 'PROCESSING' AND lease_until < now()
+    ORDER BY lease_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), marked AS (
+    UPDATE attempts a SET outcome = 'LEASE_EXPIRED', finished_at = now()
+    FROM expired e
+    WHERE a.payment_id = e.id AND a.attempt = e.attempt AND a.outcome = 'IN_FLIGHT'
+    RETURNING a.payment_id
+), reaped AS (
+    UPDATE payments p
+    SET status = CASE WHEN p.lease_expiries + 1 >= %(max_lease_expiries)s
+                      THEN 'FAILED' ELSE 'PENDING' END,
+        failure_reason = CASE WHEN p.lease_expiries + 1 >= %(max_lease_expiries)s
+                              THEN 'LEASE_EXPIRED_REPEATEDLY' END,
+        lease_expiries = p.lease_expiries + 1,
+        in_doubt = p.in_doubt OR p.id IN (SELECT payment_id FROM marked),
+        last_error = 'lease_expired',
+        lease_until = NULL,
+        run_at = greatest(p.run_at, p.due_at),
+        updated_at = now()
+    FROM expired e
+    WHERE p.id = e.id AND p.due_at = e.due_at AND p.status = 'PROCESSING'
+      AND p.attempt = e.attempt AND p.lease_until < now()
+    RETURNING p.id, p.due_at, p.payer, p.status, p.attempt, p.in_doubt
+), events AS (
+    INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
+    SELECT id, payer, 'payment.' || lower(status), status, attempt,
+           jsonb_build_object('reason', 'lease_expired', 'inDoubt', in_doubt)
+    FROM reaped
+), parked AS (
+    INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error)
+    SELECT id, due_at, payer, 'LEASE_EXPIRED_REPEATEDLY', 'lease_expired'
+    FROM reaped WHERE status = 'FAILED'
+    ON CONFLICT (payment_id) WHERE resolution IS NULL DO NOTHING
+)
+SELECT id, status, in_doubt FROM reaped;

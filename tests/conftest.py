@@ -19,6 +19,7 @@ from paycron.config import Config
 from paycron.db import connect
 from paycron.ids import new_payment_id
 from paycron.migrate import migrate
+from tests.support import GatewayHandle, free_port, spawn, stop, wait_http
 
 ADMIN_DSN = os.environ.get("PAYCRON_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 TEST_REDIS_URL = os.environ.get("PAYCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -66,9 +67,39 @@ def redis_url():
         client.delete(key)
 
 
+@pytest.fixture(scope="session")
+def gateway_server(tmp_path_factory):
+    port = free_port()
+    proc = spawn(["-m", "gateway.fake", "--port", str(port), "--seed", "7"],
+                 log_path=tmp_path_factory.mktemp("gateway") / "gateway.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/healthz", proc)
+    yield url
+    stop(proc)
+
+
 @pytest.fixture
-def config(database_url, redis_url) -> Config:
-    return Config(database_url=database_url, redis_url=redis_url)
+def gateway(gateway_server) -> GatewayHandle:
+    handle = GatewayHandle(gateway_server)
+    handle.reset()
+    return handle
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    return redis_lib.Redis.from_url(redis_url)
+
+
+@pytest.fixture
+def config(database_url, redis_url, request) -> Config:
+    """Test settings: short delays, and Redis keys private to this test."""
+    namespace = f"paycron-test-{RUN_ID}-{uuid.uuid4().hex[:8]}"
+    gateway_url = "http://127.0.0.1:9"  # nothing listens: tests that call use `gateway`
+    if "gateway" in request.fixturenames:
+        gateway_url = request.getfixturevalue("gateway").url
+    return Config(database_url=database_url, redis_url=redis_url, redis_namespace=namespace,
+                  gateway_url=gateway_url, gateway_timeout_seconds=2, lease_seconds=30,
+                  retry_delays=(0.0, 0.0, 0.0, 0.0, 0.0), circuit_min_calls=1000)
 
 
 @pytest.fixture

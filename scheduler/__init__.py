@@ -1,0 +1,1 @@
+"""The scheduler process: ``python -m scheduler``. Any number may run."""

@@ -1,0 +1,33 @@
+"""Partition upkeep: day partitions exist for the whole horizon."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from psycopg_pool import ConnectionPool
+
+from paycron.config import Config
+from paycron.partitions import days_ahead, ensure_partitions
+
+log = logging.getLogger("paycron.partitions")
+
+
+@dataclass
+class KeeperCounts:
+    created: int = 0
+    days_ahead: int = 0
+
+
+class PartitionKeeper:
+    def __init__(self, *, config: Config, pool: ConnectionPool):
+        self.config = config
+        self.pool = pool
+
+    def run_once(self) -> KeeperCounts:
+        with self.pool.connection() as conn:
+            created = ensure_partitions(conn, self.config)
+            ahead = days_ahead(conn)
+        if created:
+            log.info("created %d partitions", len(created))
+        return KeeperCounts(created=len(created), days_ahead=ahead)
