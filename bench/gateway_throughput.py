@@ -2,16 +2,20 @@
 
 Starts `python -m gateway.fake` on a free port (or uses `--url`), fires the
 charges from a pool of threads, each with its own keep-alive httpx client,
-and prints requests/s, the answers by status, and the server's CPU use (so a
-client-bound run still tells what one server core can take).
+and prints requests/s, the answers by status, and the server's CPU use.
+httpx costs more CPU per request than the server does, so one client process
+is usually the bottleneck: `--processes` spreads the threads over several
+processes, and the server's CPU figure tells what one server core can take
+whatever the client manages.
 
-    python bench/gateway_throughput.py [--requests 20000] [--threads 16]
+    python bench/gateway_throughput.py [--requests 20000] [--threads 16] [--processes 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -61,9 +65,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def fire(url: str, total: int, threads: int) -> tuple[float, Counter[int]]:
-    """Send `total` charges from `threads` keep-alive clients; (seconds, statuses)."""
-    tickets = itertools.count()
+def fire(url: str, first: int, total: int, threads: int) -> Counter[int]:
+    """Send charges `first`..`first + total - 1` from `threads` keep-alive clients.
+
+    Returns the count of answers by HTTP status.
+    """
+    tickets = itertools.count(first)
+    last = first + total
     statuses: Counter[int] = Counter()
     lock = threading.Lock()
     run = uuid.uuid4().hex[:8]
@@ -71,7 +79,7 @@ def fire(url: str, total: int, threads: int) -> tuple[float, Counter[int]]:
     def worker() -> None:
         local: Counter[int] = Counter()
         with httpx.Client(base_url=url, timeout=30) as http:
-            while (n := next(tickets)) < total:
+            while (n := next(tickets)) < last:
                 response = http.post(
                     "/v1/charges",
                     json={"amount": 1000 + n % 100, "currency": "USD", "reference": f"bench-{n}"},
@@ -82,18 +90,33 @@ def fire(url: str, total: int, threads: int) -> tuple[float, Counter[int]]:
             statuses.update(local)
 
     pool = [threading.Thread(target=worker) for _ in range(threads)]
-    started = time.perf_counter()
     for thread in pool:
         thread.start()
     for thread in pool:
         thread.join()
+    return statuses
+
+
+def fire_all(url: str, total: int, threads: int, processes: int) -> tuple[float, Counter[int]]:
+    """Send `total` charges from `processes` processes of `threads` threads; (seconds, statuses)."""
+    shares = [total // processes + (i < total % processes) for i in range(processes)]
+    firsts = list(itertools.accumulate([0, *shares[:-1]]))
+    started = time.perf_counter()
+    if processes == 1:
+        statuses = fire(url, 0, total, threads)
+    else:
+        with multiprocessing.Pool(processes) as pool:
+            jobs = [(url, f, n, threads) for f, n in zip(firsts, shares, strict=True)]
+            parts = pool.starmap(fire, jobs)
+        statuses = sum(parts, Counter())
     return time.perf_counter() - started, statuses
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=16, help="threads per process")
+    parser.add_argument("--processes", type=int, default=1, help="client processes")
     parser.add_argument("--url", help="an already running gateway (default: start one)")
     args = parser.parse_args()
 
@@ -101,10 +124,10 @@ def main() -> None:
     try:
         httpx.post(f"{url}/_reset").raise_for_status()
         cpu_before = cpu_seconds(proc.pid) if proc else None
-        elapsed, statuses = fire(url, args.requests, args.threads)
+        elapsed, statuses = fire_all(url, args.requests, args.threads, args.processes)
         rate = args.requests / elapsed
-        print(f"{args.requests} charges, {args.threads} threads: {elapsed:.2f} s, "
-              f"{rate:,.0f} requests/s")
+        print(f"{args.requests} charges, {args.processes} x {args.threads} threads: "
+              f"{elapsed:.2f} s, {rate:,.0f} requests/s")
         print(f"answers: {dict(sorted(statuses.items()))}")
         if proc:
             busy = (cpu_seconds(proc.pid) - cpu_before) / elapsed

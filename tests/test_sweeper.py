@@ -1,0 +1,174 @@
+"""The sweep: disjoint claims across sweepers, pacing, drain, the breaker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from paycron.breaker import BreakerState
+from paycron.ids import new_payment_id
+from tests.conftest import insert_payment
+from tests.engine import Engine
+
+
+def bulk_insert(conn, n: int, *, due_at: datetime | None = None) -> None:
+    due_at = due_at or datetime.now(UTC) - timedelta(seconds=2)
+    with conn.cursor().copy(
+            "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at) "
+            "FROM STDIN") as copy:
+        for i in range(n):
+            due = due_at - timedelta(microseconds=i)
+            copy.write_row((new_payment_id(due), due, "alice", "shop", 100 + i, "USD", due))
+
+
+@pytest.fixture
+def make_engine(config):
+    engines = []
+
+    def make(**overrides):
+        eng = Engine(config.with_overrides(**overrides))
+        engines.append(eng)
+        return eng
+
+    yield make
+    for eng in engines:
+        eng.close()
+
+
+def test_concurrent_sweepers_never_claim_a_row_twice(make_engine, conn):
+    bulk_insert(conn, 4000)
+    sweepers = [make_engine(claim_batch=50, gateway_rate_limit=100_000) for _ in range(4)]
+    barrier = threading.Barrier(len(sweepers))
+
+    def sweep(engine):
+        barrier.wait()
+        while engine.sweeper.run_once().claimed:
+            pass
+
+    threads = [threading.Thread(target=sweep, args=(e,)) for e in sweepers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    claimed = [c.payment_id for e in sweepers for claims, _ in e.messages for c in claims]
+    assert len(claimed) == 4000
+    assert len(set(claimed)) == 4000
+    assert all(len(e.messages) > 0 for e in sweepers), "every sweeper took part"
+    row = conn.execute("SELECT count(*) FILTER (WHERE status = 'PROCESSING' AND attempt = 1) "
+                       "AS n FROM payments").fetchone()
+    assert row["n"] == 4000
+
+
+def test_a_full_batch_drains_and_messages_carry_small_groups(make_engine, conn):
+    bulk_insert(conn, 250)
+    engine = make_engine(claim_batch=100, message_group_size=10, gateway_rate_limit=100_000,
+                         gateway_timeout_seconds=1)
+    counts = engine.sweeper.run_once()
+    assert counts.claimed == 250 and counts.batches == 3
+    assert counts.messages == 25
+    assert all(len(claims) <= 10 for claims, _ in engine.messages)
+
+
+def test_claims_are_oldest_due_first(make_engine, conn):
+    old = insert_payment(conn, due_at=datetime.now(UTC) - timedelta(hours=2))
+    insert_payment(conn, due_at=datetime.now(UTC) - timedelta(seconds=1))
+    engine = make_engine(claim_batch=1, gateway_rate_limit=1)
+    engine.sweeper.pacer.capacity = 1
+    [(claims, _)] = engine.sweep()
+    assert claims[0].payment_id == old["id"]
+
+
+def test_pacing_is_shared_by_every_sweeper(make_engine, conn):
+    """Two sweepers together claim no more than the one bucket allows
+    (capacity 10/s * 30 s / 4 = 75, then 10/s); two buckets would allow 150."""
+    bulk_insert(conn, 500)
+    a = make_engine(gateway_rate_limit=10, lease_seconds=30)
+    b = make_engine(gateway_rate_limit=10, lease_seconds=30)
+    a.sweeper.run_once()  # warm the connections (the first touch of 375 partitions is slow)
+    claimed = conn.execute("SELECT count(*) AS n FROM payments WHERE status = 'PROCESSING'"
+                           ).fetchone()["n"]
+    started = time.monotonic()
+    while time.monotonic() - started < 1.5:
+        claimed += a.sweeper.run_once().claimed + b.sweeper.run_once().claimed
+    elapsed = time.monotonic() - started
+    assert claimed >= 75
+    assert claimed <= 75 + 10 * (elapsed + 1.5) + 1  # + the warm-up sweep's refill
+
+
+def test_unused_tokens_are_given_back(make_engine, conn):
+    engine = make_engine(gateway_rate_limit=1, lease_seconds=300)  # capacity 75, 1/s refill
+    insert_payment(conn)
+    assert engine.sweeper.run_once().claimed == 1  # took 75 tokens, used 1
+    bulk_insert(conn, 200)
+    # Without the give-back only a second or two of refill would be left.
+    assert engine.sweeper.run_once().claimed >= 70
+
+
+def test_queued_work_bounds_new_claims(make_engine, conn):
+    bulk_insert(conn, 100)
+    engine = make_engine(gateway_rate_limit=10, lease_seconds=30)
+    engine.sweeper.queued_claims = lambda: 70
+    assert engine.sweeper.run_once().claimed == 5
+
+
+def test_an_open_breaker_claims_nothing_and_workers_release(make_engine, conn, gateway):
+    engine = make_engine()
+    rows = [insert_payment(conn) for _ in range(3)]
+    [(claims, _)] = engine.sweep()
+    engine.breaker.open()
+    counts = engine.executor.execute(claims)
+    assert counts.released == 3 and counts.calls == 0
+    after = conn.execute("SELECT status, failures, attempt, lease_until FROM payments").fetchall()
+    assert all(r["status"] == "PENDING" and r["failures"] == 0 and r["lease_until"] is None
+               for r in after)
+    assert engine.sweep() == []  # no claims while open: no attempts churned
+    assert conn.execute("SELECT count(*) AS n FROM attempts").fetchone()["n"] == 0
+    assert gateway.stats()["charge_requests"] == 0
+    assert len(rows) == 3
+
+
+def test_half_open_probes_with_exactly_one_claim(make_engine, conn, gateway):
+    engines = [make_engine(circuit_open_seconds=0.2) for _ in range(3)]
+    for _ in range(5):
+        insert_payment(conn)
+    engines[0].breaker.open()
+    time.sleep(0.3)
+    assert engines[0].breaker.state() is BreakerState.HALF_OPEN
+    sent = [m for e in engines for m in e.sweep()]
+    assert len(sent) == 1
+    [(claims, probe)] = sent
+    assert probe and len(claims) == 1
+    engines[0].work(sent)  # the probe succeeds: the breaker closes
+    assert engines[0].breaker.state() is BreakerState.CLOSED
+    assert engines[1].sweeper.run_once().claimed == 4
+
+
+def test_a_failed_probe_reopens(make_engine, conn, gateway):
+    engine = make_engine(circuit_open_seconds=0.2)
+    insert_payment(conn, amount_minor=50003)
+    engine.breaker.open()
+    time.sleep(0.3)
+    sent = engine.sweep()
+    engine.work(sent)
+    assert engine.breaker.state() is BreakerState.OPEN
+
+
+def test_the_breaker_trips_on_retryable_failures_not_on_declines(make_engine, conn, gateway):
+    engine = make_engine(circuit_min_calls=4, circuit_failure_ratio=0.5)
+    for _ in range(6):
+        insert_payment(conn, amount_minor=40002)
+    engine.work()
+    assert engine.breaker.state() is BreakerState.CLOSED
+    for _ in range(4):
+        insert_payment(conn, amount_minor=50003)
+    engine.work()
+    assert engine.breaker.state() is BreakerState.CLOSED  # 4 of 10 calls failed: < 0.5
+    for _ in range(4):
+        insert_payment(conn, amount_minor=50003)
+    conn.execute("UPDATE payments SET run_at = due_at + interval '1 hour' "
+                 "WHERE status = 'PENDING' AND attempt > 0")  # only the new ones are due
+    engine.work()
+    assert engine.breaker.state() is BreakerState.OPEN  # 8 of 14
