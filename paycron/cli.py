@@ -3,14 +3,19 @@ SPEC §1 (through :class:`Config`) and nothing else."""
 
 from __future__ import annotations
 
+import getpass
+import json
 import sys
+import uuid
 
 import click
 
-from paycron import apikeys, partitions
+from paycron import apikeys, dead_letters, partitions
 from paycron.config import Config
 from paycron.db import connect
-from paycron.errors import ConfigError
+from paycron.errors import ConfigError, PaycronError
+from paycron.gateway_client import HttpGateway
+from paycron.ids import parse_payment_id
 from paycron.migrate import migrate as apply_migrations
 
 
@@ -86,6 +91,92 @@ def api_key_revoke(prefix: str) -> None:
         click.echo(f"no active key with prefix {prefix}", err=True)
         sys.exit(1)
     click.echo(f"revoked {row['prefix']} ({row['actor']})")
+
+
+def _payment_id(text: str) -> uuid.UUID:
+    payment_id = parse_payment_id(text)
+    if payment_id is None:
+        raise click.BadParameter(f"not a payment id: {text}")
+    return payment_id
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+@main.group()
+def dlq() -> None:
+    """Parked payments: list, show, redrive, refund, dismiss."""
+
+
+@dlq.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of lines.")
+@click.option("--limit", default=100, show_default=True)
+def dlq_list(as_json: bool, limit: int) -> None:
+    """One line per open dead letter, beginning with the full payment id."""
+    with connect(_config()) as conn:
+        rows = dead_letters.list_open(conn, limit=limit)
+    if as_json:
+        click.echo(json.dumps(_jsonable(rows), indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['payment_id']}\t{row['reason']}\t{row['last_error'] or '-'}\t"
+                   f"parked {row['created_at']:%Y-%m-%dT%H:%M:%SZ}")
+
+
+@dlq.command("show")
+@click.argument("payment_id")
+def dlq_show(payment_id: str) -> None:
+    """The payment, its attempts and its dead letters, as JSON."""
+    with connect(_config()) as conn:
+        try:
+            found = dead_letters.show(conn, _payment_id(payment_id))
+        except PaycronError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(_jsonable(found), indent=2))
+
+
+def _dlq_action(action, payment_id: str, **kwargs) -> None:
+    config = _config()
+    gateway = HttpGateway(config.gateway_url, timeout=config.gateway_timeout_seconds)
+    with connect(config) as conn:
+        try:
+            result = action(conn, gateway, _payment_id(payment_id), **kwargs)
+        except PaycronError as exc:
+            raise click.ClickException(f"{exc.code}: {exc}") from None
+        finally:
+            gateway.close()
+    click.echo(f"{result.payment_id} {result.action}: {result.detail}")
+
+
+_by = click.option("--by", default=getpass.getuser, show_default="your login",
+                   help="The operator, recorded with the action.")
+
+
+@dlq.command("redrive")
+@click.argument("payment_id")
+@_by
+def dlq_redrive(payment_id: str, by: str) -> None:
+    """Look the charge up; complete if found, else PENDING with a fresh budget."""
+    _dlq_action(dead_letters.redrive, payment_id, actor=by)
+
+
+@dlq.command("refund")
+@click.argument("payment_id")
+@_by
+def dlq_refund(payment_id: str, by: str) -> None:
+    """Refund the payment's charge at the gateway (keyed refund:<id>)."""
+    _dlq_action(dead_letters.refund, payment_id, actor=by)
+
+
+@dlq.command("dismiss")
+@click.argument("payment_id")
+@_by
+@click.option("--note", default=None, help="Why.")
+def dlq_dismiss(payment_id: str, by: str, note: str | None) -> None:
+    """Close the dead letter without touching the gateway."""
+    _dlq_action(lambda conn, _gw, pid, **kw: dead_letters.dismiss(conn, pid, **kw),
+                payment_id, actor=by, note=note)
 
 
 if __name__ == "__main__":

@@ -143,3 +143,24 @@ def reap_expired(conn: Connection, *, limit: int, max_lease_expiries: int) -> li
     flight), or FAILED ``LEASE_EXPIRED_REPEATEDLY`` at the limit."""
     return conn.execute(q("reap_expired"), {
         "limit": limit, "max_lease_expiries": max_lease_expiries}, prepare=True).fetchall()
+
+
+def complete_from_gateway(conn: Connection, payment_id: uuid.UUID, *, outcome: str,
+                          gateway_ref: str, actor: str) -> bool:
+    """FAILED/PENDING -> COMPLETED because the gateway holds the charge.
+    False when the row was in neither state (e.g. PROCESSING: left to its worker)."""
+    due_from, due_to = due_range(payment_id)
+    row = conn.execute(q("complete_from_gateway"), {
+        "id": payment_id, "due_from": due_from, "due_to": due_to, "outcome": outcome,
+        "gateway_ref": gateway_ref, "actor": actor,
+    }).fetchone()
+    return row is not None
+
+
+def redrive(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> bool:
+    """A parked payment back to PENDING with a fresh budget and the same key."""
+    due_from, due_to = due_range(payment_id)
+    row = conn.execute(q("redrive"), {
+        "id": payment_id, "due_from": due_from, "due_to": due_to, "actor": actor,
+    }).fetchone()
+    return row is not None

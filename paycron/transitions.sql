@@ -190,3 +190,59 @@ WITH expired AS (
     ON CONFLICT (payment_id) WHERE resolution IS NULL DO NOTHING
 )
 SELECT id, status, in_doubt FROM reaped;
+
+-- name: complete_from_gateway
+-- FAILED or PENDING -> COMPLETED because the gateway holds a charge for the
+-- payment (a lookup by reference, or the settlement report): attempt + 1 for
+-- the audit row that records how we learned it, an event, and the open dead
+-- letter resolved. Never over a PROCESSING row: that one is its worker's.
+WITH completed AS (
+    UPDATE payments
+    SET status = 'COMPLETED', attempt = attempt + 1, failure_reason = NULL, in_doubt = false,
+        updated_at = now()
+    WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
+      AND status IN ('FAILED', 'PENDING')
+    RETURNING id, due_at, payer, attempt
+), audit AS (
+    INSERT INTO attempts (payment_id, attempt, gateway_key, outcome, gateway_ref, worker,
+                          finished_at, due_at)
+    SELECT id, attempt, id::text, %(outcome)s, %(gateway_ref)s, %(actor)s, now(), due_at
+    FROM completed
+), events AS (
+    INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
+    SELECT id, payer, 'payment.completed', 'COMPLETED', attempt,
+           jsonb_build_object('outcome', %(outcome)s::text, 'gatewayRef', %(gateway_ref)s::text,
+                              'by', %(actor)s::text)
+    FROM completed
+), resolved AS (
+    UPDATE dead_letters d
+    SET resolution = 'COMPLETED', resolved_by = %(actor)s, resolved_at = now()
+    FROM completed c
+    WHERE d.payment_id = c.id AND d.resolution IS NULL
+)
+SELECT id, attempt FROM completed;
+
+-- name: redrive
+-- A parked payment back to PENDING with a fresh budget and the same key
+-- (its gateway key is its id). Only RETRIES_EXHAUSTED and
+-- LEASE_EXPIRED_REPEATEDLY: a decline needs a new payment.
+WITH redriven AS (
+    UPDATE payments
+    SET status = 'PENDING', failure_reason = NULL, failures = 0, lease_expiries = 0,
+        in_doubt = false, run_at = greatest(due_at, now()), updated_at = now()
+    WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
+      AND status = 'FAILED'
+      AND failure_reason IN ('RETRIES_EXHAUSTED', 'LEASE_EXPIRED_REPEATEDLY')
+    RETURNING id, payer, attempt
+), events AS (
+    INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
+    SELECT id, payer, 'payment.pending', 'PENDING', attempt,
+           jsonb_build_object('reason', 'redriven', 'by', %(actor)s::text)
+    FROM redriven
+), resolved AS (
+    UPDATE dead_letters d
+    SET resolution = 'REDRIVEN', resolved_by = %(actor)s, resolved_at = now()
+    FROM redriven r
+    WHERE d.payment_id = r.id AND d.resolution IS NULL
+)
+SELECT id FROM redriven;

@@ -58,7 +58,7 @@ def test_seed_every_state_reap_only_expired_processing(engine, conn):
                      "CANCELLED": "CANCELLED", "PROCESSING": "PENDING"}
     assert row_of(conn, live["id"])["status"] == "PROCESSING"
     reaped = row_of(conn, rows["PROCESSING"]["id"])
-    assert reaped["attempt"] == 1 and reaped["lease_expiries"] == 1 and reaped["lease_until"] is None
+    assert (reaped["attempt"], reaped["lease_expiries"], reaped["lease_until"]) == (1, 1, None)
     assert not reaped["in_doubt"]  # no attempt row: the call never started
 
 

@@ -1,0 +1,119 @@
+"""Real processes, really killed: a Dramatiq worker SIGKILLed with calls in
+flight and a scheduler killed between claim and enqueue still end with every
+payment terminal and at most one charge per key."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from paycron import transitions
+from tests.support import spawn, stop
+from tests.test_sweeper import bulk_insert
+
+DRAIN_SECONDS = 90
+
+
+@pytest.fixture
+def env(config, gateway):
+    return {
+        "DATABASE_URL": config.database_url, "REDIS_URL": config.redis_url,
+        "REDIS_NAMESPACE": config.redis_namespace, "GATEWAY_URL": gateway.url,
+        # Short leases so a killed worker's rows come back within seconds.
+        "LEASE_SECONDS": "6", "GATEWAY_TIMEOUT_SECONDS": "2", "RETRY_DELAYS": "1s,1s,1s,1s,1s",
+        "SWEEP_INTERVAL_SECONDS": "0.2", "GATEWAY_RATE_LIMIT": "1000", "CLAIM_BATCH": "50",
+        "MESSAGE_GROUP_SIZE": "5",
+    }
+
+
+@pytest.fixture
+def procs(tmp_path, env):
+    started = []
+
+    def start(kind: str):
+        args = (["-m", "dramatiq", "tasks", "--processes", "1", "--threads", "4"]
+                if kind == "worker" else ["-m", "scheduler"])
+        proc = spawn(args, log_path=tmp_path / f"{kind}.log", env=env)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        stop(proc)
+
+
+def wait_terminal(conn, n: int) -> dict:
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while time.monotonic() < deadline:
+        counts = {r["status"]: r["n"] for r in conn.execute(
+            "SELECT status, count(*) AS n FROM payments GROUP BY status")}
+        if sum(counts.get(s, 0) for s in ("COMPLETED", "FAILED", "CANCELLED")) == n:
+            return counts
+        time.sleep(0.5)
+    raise AssertionError(f"not all terminal after {DRAIN_SECONDS}s: {counts}")
+
+
+def assert_exactly_once_effect(conn, gateway, n: int) -> None:
+    per_key = gateway.charges_per_key()
+    assert max(per_key.values()) == 1, "a payment was charged twice"
+    completed = {str(r["id"]) for r in conn.execute(
+        "SELECT id FROM payments WHERE status = 'COMPLETED'")}
+    assert set(per_key) == completed
+    assert len(completed) == n
+    # every gateway call has its attempt row
+    calls = gateway.stats()["charge_requests"]
+    rows = conn.execute("SELECT count(*) AS n FROM attempts").fetchone()["n"]
+    assert rows >= calls
+
+
+def test_a_worker_sigkilled_mid_call_loses_nothing(conn, gateway, procs):
+    gateway.faults(latency_ms=100)  # calls are in flight when the kill lands
+    bulk_insert(conn, 150)
+    worker = procs("worker")
+    procs("scheduler")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        in_flight = conn.execute("SELECT count(*) AS n FROM attempts "
+                                 "WHERE outcome = 'IN_FLIGHT'").fetchone()["n"]
+        if in_flight:
+            break
+        time.sleep(0.05)
+    assert in_flight, "the worker never started a call"
+    stop(worker, sig=signal.SIGKILL)
+    procs("worker")
+    wait_terminal(conn, 150)
+    assert_exactly_once_effect(conn, gateway, 150)
+    expired = conn.execute("SELECT count(*) AS n FROM payments WHERE lease_expiries > 0"
+                           ).fetchone()["n"]
+    assert expired > 0, "the kill left no lease to reap: the test proved nothing"
+
+
+def test_claims_whose_scheduler_died_before_enqueue_are_reaped_and_run(conn, gateway, procs,
+                                                                          config):
+    bulk_insert(conn, 40)
+    # A "scheduler" claims and commits, then dies before sending anything.
+    claimed = transitions.claim_due(conn, limit=40, lease_seconds=3)
+    assert len(claimed) == 40
+    procs("worker")
+    procs("scheduler")
+    wait_terminal(conn, 40)
+    assert_exactly_once_effect(conn, gateway, 40)
+    rows = conn.execute("SELECT attempt, lease_expiries, in_doubt FROM payments").fetchall()
+    assert all(r["attempt"] == 2 and r["lease_expiries"] == 1 for r in rows)
+    assert not any(r["in_doubt"] for r in rows)  # no call was ever in flight
+
+
+def test_schedulers_killed_repeatedly_still_drain(conn, gateway, procs):
+    gateway.faults(latency_ms=20)
+    bulk_insert(conn, 300)
+    procs("worker")
+    for _ in range(4):
+        scheduler = procs("scheduler")
+        time.sleep(1.0)
+        stop(scheduler, sig=signal.SIGKILL)
+    procs("scheduler")
+    procs("scheduler")  # two at once, no leader
+    wait_terminal(conn, 300)
+    assert_exactly_once_effect(conn, gateway, 300)

@@ -1,0 +1,141 @@
+"""The human side of the DLQ, through the real CLI: redrive, refund, dismiss."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from paycron.cli import main
+from tests.conftest import insert_payment
+from tests.engine import Engine
+
+
+@pytest.fixture
+def cli(config, gateway):
+    env = {"DATABASE_URL": config.database_url, "REDIS_URL": config.redis_url,
+           "GATEWAY_URL": gateway.url}
+
+    def run(*args, ok=True):
+        result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+        if ok:
+            assert result.exit_code == 0, result.output
+        return result
+
+    return run
+
+
+def park(conn, *, reason="RETRIES_EXHAUSTED", **columns):
+    row = insert_payment(conn, status="FAILED", failure_reason=reason, attempt=6, failures=6,
+                         **columns)
+    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error) "
+                 "VALUES (%s, %s, %s, %s, 'http_503')", (row["id"], row["due_at"],
+                                                         row["payer"], reason))
+    return row
+
+
+def letter(conn, payment_id):
+    return conn.execute("SELECT * FROM dead_letters WHERE payment_id = %s ORDER BY id DESC",
+                        (payment_id,)).fetchone()
+
+
+def payment(conn, payment_id):
+    return conn.execute("SELECT * FROM payments WHERE id = %s", (payment_id,)).fetchone()
+
+
+def charge_at_gateway(gateway, row):
+    response = gateway.http.post("/v1/charges", headers={"Idempotency-Key": str(row["id"])},
+                                 json={"amount": row["amount_minor"], "currency": "USD",
+                                       "reference": str(row["id"])})
+    assert response.status_code == 201
+    return response.json()
+
+
+def test_list_prints_one_line_per_open_letter_starting_with_the_id(cli, conn):
+    rows = [park(conn), park(conn, reason="LEASE_EXPIRED_REPEATEDLY")]
+    lines = cli("dlq", "list").output.strip().splitlines()
+    assert sorted(line.split("\t")[0] for line in lines) == sorted(str(r["id"]) for r in rows)
+    listed = json.loads(cli("dlq", "list", "--json").output)
+    assert {d["payment_id"] for d in listed} == {str(r["id"]) for r in rows}
+
+
+def test_show_has_the_attempt_history(cli, conn):
+    row = park(conn)
+    shown = json.loads(cli("dlq", "show", str(row["id"])).output)
+    assert shown["payment"]["status"] == "FAILED"
+    assert shown["dead_letters"][0]["reason"] == "RETRIES_EXHAUSTED"
+
+
+def test_redrive_of_a_charged_payment_collapses_into_the_original_charge(cli, conn, gateway):
+    row = park(conn, in_doubt=True)
+    charge = charge_at_gateway(gateway, row)
+    out = cli("dlq", "redrive", str(row["id"]), "--by", "ops-ann").output
+    assert "completed" in out
+    done = payment(conn, row["id"])
+    assert done["status"] == "COMPLETED" and done["attempt"] == 7
+    last = conn.execute("SELECT * FROM attempts WHERE payment_id = %s AND attempt = 7",
+                        (row["id"],)).fetchone()
+    assert (last["outcome"], last["gateway_ref"]) == ("FOUND_BY_LOOKUP", charge["id"])
+    dead = letter(conn, row["id"])
+    assert (dead["resolution"], dead["resolved_by"]) == ("COMPLETED", "ops-ann")
+    assert gateway.charges_per_key() == {str(row["id"]): 1}
+
+
+def test_redrive_without_a_charge_gets_a_fresh_budget_and_the_same_key(cli, conn, gateway,
+                                                                         config):
+    row = park(conn)
+    cli("dlq", "redrive", str(row["id"]), "--by", "ops-ann")
+    again = payment(conn, row["id"])
+    assert (again["status"], again["failures"], again["failure_reason"]) == ("PENDING", 0, None)
+    assert letter(conn, row["id"])["resolution"] == "REDRIVEN"
+    engine = Engine(config)
+    try:
+        engine.drain()
+    finally:
+        engine.close()
+    assert payment(conn, row["id"])["status"] == "COMPLETED"
+    assert gateway.charges_per_key() == {str(row["id"]): 1}
+    assert gateway.ledger()[0]["idempotency_key"] == str(row["id"])
+
+
+def test_a_decline_cannot_be_redriven(cli, conn):
+    row = insert_payment(conn, status="FAILED", failure_reason="DECLINED")
+    result = cli("dlq", "redrive", str(row["id"]), ok=False)
+    assert result.exit_code != 0
+    assert payment(conn, row["id"])["status"] == "FAILED"
+
+
+def test_refund_goes_through_the_gateway_once_and_is_audited(cli, conn, gateway):
+    row = park(conn)
+    charge = charge_at_gateway(gateway, row)
+    cli("dlq", "refund", str(row["id"]), "--by", "ops-bo")
+    [ledger] = gateway.ledger()
+    assert ledger["id"] == charge["id"] and ledger["status"] == "refunded"
+    audit = conn.execute("SELECT * FROM refunds").fetchone()
+    assert audit["gateway_key"] == f"refund:{row['id']}" and audit["requested_by"] == "ops-bo"
+    after = payment(conn, row["id"])
+    assert after["refunded_at"] is not None and after["status"] == "FAILED"
+    assert letter(conn, row["id"])["resolution"] == "REFUNDED"
+    types = [r["type"] for r in conn.execute(
+        "SELECT type FROM payment_events WHERE payment_id = %s", (row["id"],))]
+    assert types == ["payment.refunded"]
+    # a second refund is refused: the letter is resolved
+    assert cli("dlq", "refund", str(row["id"]), ok=False).exit_code != 0
+
+
+def test_refund_without_a_charge_is_refused(cli, conn):
+    row = park(conn)
+    result = cli("dlq", "refund", str(row["id"]), ok=False)
+    assert result.exit_code != 0 and "dismiss" in result.output
+    assert letter(conn, row["id"])["resolution"] is None
+
+
+def test_dismiss_records_who_and_why(cli, conn):
+    row = park(conn)
+    cli("dlq", "dismiss", str(row["id"]), "--by", "ops-cy", "--note", "customer left")
+    dead = letter(conn, row["id"])
+    assert (dead["resolution"], dead["resolved_by"], dead["note"]) == (
+        "DISMISSED", "ops-cy", "customer left")
+    assert dead["resolved_at"] is not None
+    assert cli("dlq", "list").output.strip() == ""
