@@ -55,3 +55,22 @@ RETURNING id, actor, prefix;
 -- name: create_partition
 -- One day partition of payments (identifiers and bounds filled in by psycopg.sql).
 CREATE TABLE IF NOT EXISTS {name} PARTITION OF payments FOR VALUES FROM ({start}) TO ({end});
+
+-- name: lock_partition
+-- Block writes to one partition while it is checked and detached; give up
+-- quickly rather than stall the sweep or the API behind the lock.
+LOCK TABLE {name} IN SHARE MODE;
+
+-- name: partition_has_live_rows
+-- Anything in the partition not yet settled, or parked and still open?
+SELECT EXISTS (SELECT 1 FROM {name} WHERE status IN ('PENDING', 'PROCESSING'))
+    OR EXISTS (SELECT 1 FROM dead_letters
+               WHERE resolution IS NULL AND due_at >= {start} AND due_at < {end}) AS live;
+
+-- name: detach_partition
+-- Detach a settled day from payments (the table stays, for archiving).
+ALTER TABLE payments DETACH PARTITION {name};
+
+-- name: set_lock_timeout
+-- For this transaction only.
+SET LOCAL lock_timeout = '2s';

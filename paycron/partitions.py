@@ -11,6 +11,7 @@ import re
 from datetime import UTC, date, datetime, time, timedelta
 
 from psycopg import Connection, sql
+from psycopg.errors import LockNotAvailable
 
 from paycron.config import Config
 from paycron.migrate import schema_lock
@@ -51,14 +52,41 @@ def ensure_partitions(conn: Connection, config: Config, today: date | None = Non
         for day in wanted_days(config, today):
             if day in have:
                 continue
-            statement = sql.SQL(q("create_partition")).format(
-                name=sql.Identifier(partition_name(day)),
-                start=sql.Literal(day_start(day)),
-                end=sql.Literal(day_start(day + timedelta(days=1))),
-            )
-            conn.execute(statement)
+            conn.execute(_formatted("create_partition", day))
             created.append(partition_name(day))
     return created
+
+
+def _formatted(name: str, day: date) -> sql.Composed:
+    return sql.SQL(q(name)).format(
+        name=sql.Identifier(partition_name(day)),
+        start=sql.Literal(day_start(day)),
+        end=sql.Literal(day_start(day + timedelta(days=1))),
+    )
+
+
+def detach_settled(conn: Connection, config: Config, today: date | None = None) -> list[str]:
+    """Detach day partitions older than the retention whose every row is
+    terminal and which hold no open dead letter. Each is locked against
+    writes (a re-drive, a late worker) before it is checked, with a short
+    lock timeout so the sweep and the API never stall behind it."""
+    today = today or datetime.now(UTC).date()
+    cutoff = today - timedelta(days=config.partition_retention_days)
+    detached = []
+    for day in existing_days(conn):
+        if day >= cutoff:
+            break
+        try:
+            with conn.transaction():
+                conn.execute(q("set_lock_timeout"))
+                conn.execute(_formatted("lock_partition", day))
+                if conn.execute(_formatted("partition_has_live_rows", day)).fetchone()["live"]:
+                    continue
+                conn.execute(_formatted("detach_partition", day))
+            detached.append(partition_name(day))
+        except LockNotAvailable:
+            continue  # busy: try again at the next upkeep
+    return detached
 
 
 def days_ahead(conn: Connection, today: date | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Partition upkeep: day partitions exist for the whole horizon."""
+"""Partition upkeep: day partitions exist for the whole horizon, and days
+older than ``PARTITION_RETENTION_DAYS`` are detached once fully settled."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
-from paycron.partitions import days_ahead, ensure_partitions
+from paycron.partitions import days_ahead, detach_settled, ensure_partitions
 
 log = logging.getLogger("paycron.partitions")
 
@@ -16,6 +17,7 @@ log = logging.getLogger("paycron.partitions")
 @dataclass
 class KeeperCounts:
     created: int = 0
+    detached: int = 0
     days_ahead: int = 0
 
 
@@ -27,7 +29,8 @@ class PartitionKeeper:
     def run_once(self) -> KeeperCounts:
         with self.pool.connection() as conn:
             created = ensure_partitions(conn, self.config)
+            detached = detach_settled(conn, self.config)
             ahead = days_ahead(conn)
-        if created:
-            log.info("created %d partitions", len(created))
-        return KeeperCounts(created=len(created), days_ahead=ahead)
+        if created or detached:
+            log.info("partitions created=%s detached=%s", created, detached)
+        return KeeperCounts(created=len(created), detached=len(detached), days_ahead=ahead)
