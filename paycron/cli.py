@@ -179,5 +179,41 @@ def dlq_dismiss(payment_id: str, by: str, note: str | None) -> None:
                 payment_id, actor=by, note=note)
 
 
+@main.command()
+@click.option("--count", default=300, show_default=True, help="Payments to create.")
+@click.option("--window", default=30.0, show_default=True, help="Seconds they fall due over.")
+def demo(count: int, window: float) -> None:
+    """Run the whole system end to end (embedded Postgres/Redis when
+    DATABASE_URL/REDIS_URL are unset) and check the gateway ledger."""
+    from paycron.demo import run_demo
+
+    sys.exit(run_demo(_config(), count=count, window=window))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--window-minutes", default=60, show_default=True,
+              help="Window for lateness and lease expiries.")
+def stats(as_json: bool, window_minutes: int) -> None:
+    """Health numbers: backlog, oldest-due PENDING age, lateness, DLQ, partitions."""
+    from datetime import timedelta
+
+    from paycron import stats as health_stats
+
+    config = _config()
+    with connect(config) as conn:
+        figures = health_stats.health(conn, window=timedelta(minutes=window_minutes))
+        figures["partitions_ahead_days"] = partitions.days_ahead(conn)
+    if as_json:
+        click.echo(json.dumps(_jsonable(figures), indent=2))
+        return
+    late = figures.pop("lateness")
+    for name, value in figures.items():
+        click.echo(f"{name:24} {value if value is not None else '-'}")
+    for name in ("p50", "p99", "max"):
+        value = late[name]
+        click.echo(f"{'lateness_' + name + '_s':24} {'-' if value is None else f'{value:.3f}'}")
+
+
 if __name__ == "__main__":
     main()

@@ -19,7 +19,8 @@ from paycron.config import Config
 from paycron.db import connect
 from paycron.ids import new_payment_id
 from paycron.migrate import migrate
-from tests.support import GatewayHandle, free_port, spawn, stop, wait_http
+from paycron.procs import ProcessGroup, free_port, gateway_args, wait_http
+from tests.support import GatewayHandle
 
 ADMIN_DSN = os.environ.get("PAYCRON_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 TEST_REDIS_URL = os.environ.get("PAYCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -70,12 +71,12 @@ def redis_url():
 @pytest.fixture(scope="session")
 def gateway_server(tmp_path_factory):
     port = free_port()
-    proc = spawn(["-m", "gateway.fake", "--port", str(port), "--seed", "7"],
-                 log_path=tmp_path_factory.mktemp("gateway") / "gateway.log")
+    group = ProcessGroup(tmp_path_factory.mktemp("gateway"))
+    proc = group.start("gateway", [*gateway_args(port), "--seed", "7"])
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/healthz", proc)
     yield url
-    stop(proc)
+    group.stop()
 
 
 @pytest.fixture

@@ -1,60 +1,12 @@
-"""Real processes for tests: the fake gateway, workers, schedulers."""
+"""Test-side handles on real processes: the fake gateway's controls."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from paycron.procs import ProcessGroup, free_port, stop, wait_http
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def spawn(args: list[str], *, log_path: Path, env: dict | None = None) -> subprocess.Popen:
-    """Start ``python <args>`` from the repository root, output to ``log_path``."""
-    with log_path.open("ab") as log:
-        return subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, stdout=log,
-                                stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                start_new_session=True)
-
-
-def wait_http(url: str, proc: subprocess.Popen, *, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode} at start-up")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer in {timeout}s")
-
-
-def stop(proc: subprocess.Popen, *, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
-    """Stop a process and everything it started (its own session)."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, sig)
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
+__all__ = ["GatewayHandle", "ProcessGroup", "free_port", "stop", "wait_http"]
 
 
 class GatewayHandle:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from paycron import transitions
-from tests.support import spawn, stop
+from paycron.procs import SCHEDULER_ARGS, ProcessGroup, stop, worker_args
 from tests.test_sweeper import bulk_insert
 
 DRAIN_SECONDS = 90
@@ -30,18 +30,13 @@ def env(config, gateway):
 
 @pytest.fixture
 def procs(tmp_path, env):
-    started = []
+    group = ProcessGroup(tmp_path, env)
 
     def start(kind: str):
-        args = (["-m", "dramatiq", "tasks", "--processes", "1", "--threads", "4"]
-                if kind == "worker" else ["-m", "scheduler"])
-        proc = spawn(args, log_path=tmp_path / f"{kind}.log", env=env)
-        started.append(proc)
-        return proc
+        return group.start(kind, worker_args(1, 4) if kind == "worker" else SCHEDULER_ARGS)
 
     yield start
-    for proc in started:
-        stop(proc)
+    group.stop()
 
 
 def wait_terminal(conn, n: int) -> dict:

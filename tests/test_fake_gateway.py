@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import csv
 import io
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,56 +21,32 @@ from pathlib import Path
 import httpx
 import pytest
 
+from paycron.procs import ProcessGroup, free_port, gateway_args, wait_http
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTUP_SECONDS = 15.0
 SETTLEMENT_HEADER = "charge_id,idempotency_key,reference,amount,currency,status,created_at"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_gateway(log_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+def _start_gateway(logdir: Path, *args: str) -> tuple[ProcessGroup, str]:
     """Start `python -m gateway.fake` on a free port; return it once /healthz answers."""
-    port = _free_port()
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.fake", "--port", str(port), *args],
-        cwd=REPO_ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
+    port = free_port()
+    group = ProcessGroup(logdir)
+    proc = group.start("gateway", [*gateway_args(port), *args])
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"gateway exited at start-up: {log_path.read_text()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.05)
-    _stop(proc)
-    pytest.fail(f"gateway did not answer /healthz: {log_path.read_text()}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
     try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        wait_http(f"{url}/healthz", proc, timeout=STARTUP_SECONDS)
+    except RuntimeError as exc:
+        group.stop()
+        pytest.fail(f"gateway did not start: {exc}")
+    return group, url
 
 
 @pytest.fixture(scope="module")
 def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = _start_gateway(tmp_path_factory.mktemp("gateway") / "gateway.log")
+    group, url = _start_gateway(tmp_path_factory.mktemp("gateway"))
     yield url
-    _stop(proc)
+    group.stop()
 
 
 @pytest.fixture
@@ -542,7 +515,7 @@ def test_stats_count_each_outcome(client: httpx.Client) -> None:
 
 
 def test_keys_expire_but_charges_keep_their_reference(tmp_path: Path) -> None:
-    proc, url = _start_gateway(tmp_path / "short.log", "--key-retention-seconds", "1")
+    group, url = _start_gateway(tmp_path, "--key-retention-seconds", "1")
     try:
         with httpx.Client(base_url=url, timeout=10) as http:
             key = new_key()
@@ -560,4 +533,4 @@ def test_keys_expire_but_charges_keep_their_reference(tmp_path: Path) -> None:
             assert [c["id"] for c in found] == [first.json()["id"], second.json()["id"]]
             assert len(ledger(http)) == 2
     finally:
-        _stop(proc)
+        group.stop()

@@ -1,0 +1,39 @@
+-- name: status_counts
+-- Payments by status.
+SELECT status, count(*) AS n FROM payments GROUP BY status;
+
+-- name: lateness
+-- Trigger lateness (first attempt's start - due time) percentiles, in
+-- seconds, over first attempts started since %(since)s.
+SELECT count(*) AS n,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - due_at)) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - due_at)) AS p99,
+       max(extract(epoch FROM started_at - due_at)) AS max
+FROM attempts
+WHERE attempt = 1 AND started_at >= %(since)s;
+
+-- name: health
+-- The operator's numbers: backlog, oldest due pending age, DLQ, lease expiries.
+SELECT
+    (SELECT count(*) FROM payments
+     WHERE status = 'PENDING' AND run_at <= now() AND due_at <= now()) AS backlog,
+    (SELECT extract(epoch FROM now() - min(run_at)) FROM payments
+     WHERE status = 'PENDING' AND run_at <= now() AND due_at <= now()) AS oldest_due_age,
+    (SELECT count(*) FROM payments WHERE status = 'PROCESSING') AS processing,
+    (SELECT count(*) FROM dead_letters WHERE resolution IS NULL) AS dlq_open,
+    (SELECT count(*) FROM attempts
+     WHERE outcome = 'LEASE_EXPIRED' AND started_at >= %(since)s) AS lease_expiries,
+    (SELECT count(*) FROM attempts WHERE started_at >= %(since)s) AS attempts;
+
+-- name: outcome_summary
+-- What happened to the payments: terminal states, retried, parked.
+SELECT
+    count(*) FILTER (WHERE status = 'COMPLETED') AS completed,
+    count(*) FILTER (WHERE status = 'FAILED' AND failure_reason = 'DECLINED') AS declined,
+    count(*) FILTER (WHERE status = 'FAILED' AND failure_reason <> 'DECLINED') AS parked,
+    count(*) FILTER (WHERE status = 'CANCELLED') AS cancelled,
+    count(*) FILTER (WHERE status IN ('PENDING', 'PROCESSING')) AS open,
+    count(*) FILTER (WHERE attempt > 1) AS retried,
+    count(*) FILTER (WHERE lease_expiries > 0) AS lease_expired,
+    coalesce(sum(amount_minor) FILTER (WHERE status = 'COMPLETED'), 0) AS completed_minor
+FROM payments;
