@@ -424,7 +424,11 @@ class KeyStore:
 
 
 class RateWindow:
-    """Counts requests in the current one-second window (a fixed-window ceiling)."""
+    """Counts requests in the current one-second window (a fixed-window ceiling).
+
+    Windows are wall-clock seconds, like most processors' published limits
+    (and Dramatiq's window rate limiter), so a client pacing itself per
+    wall-clock second is never refused."""
 
     def __init__(self) -> None:
         self._window = -1
@@ -432,7 +436,7 @@ class RateWindow:
 
     def allow(self, limit: int) -> bool:
         """Count one request; False if it is above `limit` for this second."""
-        window = int(time.monotonic())
+        window = int(time.time())
         if window != self._window:
             self._window = window
             self._count = 0

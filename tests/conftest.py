@@ -17,7 +17,6 @@ from werkzeug.serving import make_server
 from paycron import apikeys, partitions
 from paycron.config import Config
 from paycron.db import connect
-from paycron.ids import new_payment_id
 from paycron.migrate import migrate
 from paycron.procs import ProcessGroup, free_port, gateway_args, wait_http
 from tests.support import GatewayHandle
@@ -175,22 +174,3 @@ def future(seconds: float = 3600) -> datetime:
 
 def iso(when: datetime) -> str:
     return when.isoformat()
-
-
-def insert_payment(conn, *, payer: str = "alice", due_at: datetime | None = None,
-                   amount_minor: int = 2500, status: str = "PENDING", **columns) -> dict:
-    """A payment row written directly (bypassing the API's time rules)."""
-    due_at = due_at or datetime.now(UTC) - timedelta(seconds=1)
-    row = {
-        "id": new_payment_id(due_at), "due_at": due_at, "payer": payer, "payee": "shop",
-        "amount_minor": amount_minor, "currency": "USD", "run_at": due_at, "status": status,
-    }
-    if status == "PROCESSING":
-        row.setdefault("lease_until", datetime.now(UTC) + timedelta(minutes=2))
-    if status == "FAILED":
-        row.setdefault("failure_reason", "DECLINED")
-    row.update(columns)
-    cols = ", ".join(row)
-    values = ", ".join(f"%({c})s" for c in row)
-    return conn.execute(f"INSERT INTO payments ({cols}) VALUES ({values}) RETURNING *",
-                        row).fetchone()

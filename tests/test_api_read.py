@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from paycron.ids import new_payment_id
-from tests.conftest import future, insert_payment, iso
+from tests.conftest import future, iso
+from tests.factories import insert_payment
 
 URL = "/v1/scheduled-payments"
 

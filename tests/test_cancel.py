@@ -10,7 +10,7 @@ from paycron import transitions
 from paycron.config import Config
 from paycron.db import connect
 from paycron.errors import CancelRefused
-from tests.conftest import insert_payment
+from tests.factories import insert_payment
 
 URL = "/v1/scheduled-payments"
 

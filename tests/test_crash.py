@@ -11,7 +11,7 @@ import pytest
 
 from paycron import transitions
 from paycron.procs import SCHEDULER_ARGS, ProcessGroup, stop, worker_args
-from tests.test_sweeper import bulk_insert
+from tests.factories import bulk_insert
 
 DRAIN_SECONDS = 90
 

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from paycron.cli import main
-from tests.conftest import insert_payment
 from tests.engine import Engine
+from tests.factories import insert_payment
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from paycron.transitions import Claim
-from tests.conftest import insert_payment
 from tests.engine import Engine
+from tests.factories import insert_payment
 
 DECLINE, ALWAYS_503 = 40002, 50003
 

@@ -9,7 +9,7 @@ import pytest
 from paycron import partitions
 from paycron.db import make_pool
 from scheduler.partition_keeper import PartitionKeeper
-from tests.conftest import insert_payment
+from tests.factories import insert_payment
 
 
 @pytest.fixture

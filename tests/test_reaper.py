@@ -11,8 +11,8 @@ from paycron.enums import Outcome, Status
 from paycron.gateway_client import CallResult
 from paycron.retry import Decision
 from paycron.transitions import Claim, Finished
-from tests.conftest import insert_payment
 from tests.engine import Engine
+from tests.factories import insert_payment
 
 
 @pytest.fixture

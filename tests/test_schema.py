@@ -16,7 +16,8 @@ from paycron.db import connect
 from paycron.enums import FailureReason, Outcome, Status
 from paycron.ids import due_range
 from paycron.migrate import migrate, migration_files
-from tests.conftest import create_database, drop_database, insert_payment
+from tests.conftest import create_database, drop_database
+from tests.factories import insert_payment
 
 
 def plan_lines(conn, sql, params=None):

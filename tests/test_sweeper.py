@@ -9,19 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from paycron.breaker import BreakerState
-from paycron.ids import new_payment_id
-from tests.conftest import insert_payment
 from tests.engine import Engine
-
-
-def bulk_insert(conn, n: int, *, due_at: datetime | None = None) -> None:
-    due_at = due_at or datetime.now(UTC) - timedelta(seconds=2)
-    with conn.cursor().copy(
-            "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at) "
-            "FROM STDIN") as copy:
-        for i in range(n):
-            due = due_at - timedelta(microseconds=i)
-            copy.write_row((new_payment_id(due), due, "alice", "shop", 100 + i, "USD", due))
+from tests.factories import bulk_insert, insert_payment
 
 
 @pytest.fixture
