@@ -43,8 +43,10 @@ COMMENT ON COLUMN payments.in_doubt IS 'A call may have reached the gateway with
 CREATE INDEX payments_sweep_idx ON payments (run_at) WHERE status = 'PENDING';
 -- The reaper reads only PROCESSING rows by lease end.
 CREATE INDEX payments_reap_idx ON payments (lease_until) WHERE status = 'PROCESSING';
--- The payer's list view, newest first, keyset on (created_at, id).
-CREATE INDEX payments_list_idx ON payments (payer, created_at, id);
+-- No list index here: the payer's list view rides idempotency_keys_list_idx
+-- (below). A query on payments that cannot name its due days plans and
+-- locks every partition (1,878 locks with 375 days on PostgreSQL 15), and a
+-- few of those at once exhaust the shared lock table for everyone.
 
 -- due_at is the partition key: updating it would move the row between
 -- partitions, and a concurrent FOR UPDATE on a moved row errors.
@@ -67,6 +69,9 @@ CREATE TABLE idempotency_keys (
     created_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (actor, key)
 );
+-- One row per payment, unpartitioned: the payer's list view, newest first,
+-- keyset on (created_at, payment_id).
+CREATE INDEX idempotency_keys_list_idx ON idempotency_keys (actor, created_at, payment_id);
 COMMENT ON TABLE idempotency_keys IS 'Create requests by (actor, Idempotency-Key): a replay returns the first payment.';
 COMMENT ON COLUMN idempotency_keys.request_hash IS 'sha256 of the canonical JSON body: the same key with another body is refused.';
 

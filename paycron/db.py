@@ -14,7 +14,9 @@ from paycron.config import Config
 from paycron.errors import ConfigError
 
 #: Every session talks UTC, so timestamptz values come back as aware UTC.
-_SESSION_OPTIONS = "-c TimeZone=UTC"
+#: Custom plans always: a generic plan of a prepared statement prunes
+#: partitions only at run time, after locking every one of them.
+_SESSION_OPTIONS = "-c TimeZone=UTC -c plan_cache_mode=force_custom_plan"
 
 
 def connection_kwargs() -> dict:

@@ -13,7 +13,7 @@ idempotency collapses into the one charge.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from psycopg_pool import ConnectionPool
@@ -23,6 +23,7 @@ from paycron.config import Config
 from paycron.enums import Outcome, Status
 from paycron.errors import GatewayError
 from paycron.gateway_client import CallResult, Gateway
+from paycron.pacing import CallLimiter
 from paycron.retry import Decision, decide
 from paycron.transitions import Claim, Finished, finish, release, start
 
@@ -60,13 +61,13 @@ class Executor:
     """Runs groups of claims against the gateway. One per worker process."""
 
     def __init__(self, *, config: Config, pool: ConnectionPool, gateway: Gateway,
-                 breaker: CircuitBreaker, acquire_call_token: Callable[[], None],
+                 breaker: CircuitBreaker, call_limiter: CallLimiter | None,
                  worker: str | None = None):
         self.config = config
         self.pool = pool
         self.gateway = gateway
         self.breaker = breaker
-        self.acquire_call_token = acquire_call_token
+        self.call_limiter = call_limiter
         self.worker = worker
 
     def execute(self, claims: Sequence[Claim], *, probe: bool = False) -> GroupCounts:
@@ -99,7 +100,8 @@ class Executor:
         return counts
 
     def _call(self, row: dict) -> Finished:
-        self.acquire_call_token()
+        if self.call_limiter is not None:
+            self.call_limiter.acquire(1)
         result = self.gateway.charge(
             idempotency_key=str(row["id"]), amount=row["amount_minor"],
             currency=row["currency"].strip(), reference=str(row["id"]),

@@ -1,25 +1,33 @@
-"""Claim pacing: one token bucket in Redis shared by every scheduler.
+"""Pacing to the gateway's rate, shared through Redis by every process.
 
-N schedulers together claim no faster than the gateway can be called: the
-bucket refills at ``GATEWAY_RATE_LIMIT`` per second and holds at most what
-the workers can call in a quarter of a lease, so a claimed row is called
-long before its lease runs out.
+:class:`ClaimPacer` — one token bucket shared by every scheduler: N
+schedulers together claim no faster than the gateway can be called. It
+refills at ``GATEWAY_RATE_LIMIT`` per second and holds at most what the
+workers can call in a quarter of a lease, so a claimed row is called long
+before its lease runs out.
+
+:class:`CallLimiter` — every worker's gateway calls together stay within
+``GATEWAY_RATE_LIMIT`` per wall-clock second (the window processors
+publish). A worker blocks for a token rather than failing, so a rate limit
+never burns a retry or drops a message.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import redis
 
 from paycron.config import Config
 
-_SCRIPT = (Path(__file__).parent / "token_bucket.lua").read_text()
+_BUCKET = (Path(__file__).parent / "token_bucket.lua").read_text()
+_WINDOW = (Path(__file__).parent / "call_window.lua").read_text()
 
 
 class ClaimPacer:
     def __init__(self, client: redis.Redis, config: Config):
-        self._take = client.register_script(_SCRIPT)
+        self._take = client.register_script(_BUCKET)
         self._key = f"{config.redis_namespace}:pacing:claims"
         self.rate = config.gateway_rate_limit
         self.capacity = max(1, int(config.gateway_rate_limit * config.lease_seconds / 4))
@@ -34,3 +42,24 @@ class ClaimPacer:
         """Return tokens a claim did not use (fewer rows were due than granted)."""
         if unused > 0:
             self._take(keys=[self._key], args=[-unused, self.rate, self.capacity])
+
+
+class CallLimiter:
+    def __init__(self, client: redis.Redis, config: Config, sleep=time.sleep):
+        self._take = client.register_script(_WINDOW)
+        self._key = f"{config.redis_namespace}:pacing:calls"
+        self.limit = config.gateway_rate_limit
+        self._sleep = sleep
+
+    def take(self, want: int) -> int:
+        """Up to ``want`` call tokens from this second, without waiting."""
+        granted, _ = self._take(keys=[self._key], args=[want, self.limit])
+        return int(granted)
+
+    def acquire(self, n: int = 1) -> None:
+        """Block until ``n`` calls fit in the shared per-second window."""
+        while n > 0:
+            granted, wait_ms = self._take(keys=[self._key], args=[n, self.limit])
+            n -= int(granted)
+            if n > 0:
+                self._sleep(int(wait_ms) / 1000)

@@ -21,6 +21,8 @@ from paycron.sql import q
 
 #: Sorts after every real (created_at, id): the keyset start of page one.
 _FIRST_PAGE = ("infinity", uuid.UUID(int=(1 << 128) - 1))
+#: Keys read per round when a status filter may skip most of them.
+_STATUS_SCAN_CHUNK = 200
 
 
 @dataclass(frozen=True)
@@ -101,13 +103,36 @@ def get_payment(conn: Connection, payment_id: uuid.UUID, *, actor: str | None,
 
 def list_payments(conn: Connection, *, actor: str, status: str | None, limit: int,
                   after: tuple[datetime, uuid.UUID] | None) -> tuple[list[dict], tuple | None]:
-    """A page of the payer's payments, newest first, and the keyset of the next page."""
-    before_created_at, before_id = after or _FIRST_PAGE
-    rows = conn.execute(q("list_payments"), {
-        "actor": actor, "status": status, "limit": limit + 1,
-        "before_created_at": before_created_at,
-        "before_id": before_id,
-    }).fetchall()
-    page, more = rows[:limit], len(rows) > limit
+    """A page of the payer's payments, newest first, and the keyset of the next page.
+
+    The order comes from the unpartitioned idempotency table; the rows from
+    ``payments`` by (id, due_at), so only the page's day partitions are
+    touched. With a status filter, keys are read in chunks until the page is
+    full or the payer's history ends.
+    """
+    before = after or _FIRST_PAGE
+    page: list[dict] = []
+    chunk = limit + 1 if status is None else max(4 * limit, _STATUS_SCAN_CHUNK)
+    while len(page) <= limit:
+        keys = conn.execute(q("list_page_keys"), {
+            "actor": actor, "limit": chunk,
+            "before_created_at": before[0], "before_id": before[1],
+        }).fetchall()
+        if not keys:
+            break
+        rows = {r["id"]: r for r in conn.execute(q("payments_by_keys"), {
+            "ids": [k["payment_id"] for k in keys], "due_ats": [k["due_at"] for k in keys],
+            "actor": actor, "status": status,
+        })}
+        for key in keys:
+            if key["payment_id"] in rows:
+                page.append(rows[key["payment_id"]])
+                if len(page) > limit:
+                    break
+        last = keys[-1]
+        before = (last["created_at"], last["payment_id"])
+        if len(keys) < chunk:
+            break
+    page, more = page[:limit], len(page) > limit
     next_key = (page[-1]["created_at"], page[-1]["id"]) if more else None
     return page, next_key

@@ -36,11 +36,16 @@ WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
 SELECT attempt, gateway_key, started_at, finished_at, outcome, error_code, gateway_ref, worker
 FROM attempts WHERE payment_id = %(id)s ORDER BY attempt;
 
--- name: list_payments
--- A payer's payments, newest first, keyset-paged on (created_at, id).
-SELECT * FROM payments
-WHERE payer = %(actor)s
-  AND (created_at, id) < (%(before_created_at)s, %(before_id)s)
-  AND (%(status)s::text IS NULL OR status = %(status)s)
-ORDER BY created_at DESC, id DESC
+-- name: list_page_keys
+-- A payer's payments, newest first, keyset-paged on (created_at, id): read
+-- from the unpartitioned idempotency table (one row per payment).
+SELECT payment_id, due_at, created_at FROM idempotency_keys
+WHERE actor = %(actor)s AND (created_at, payment_id) < (%(before_created_at)s, %(before_id)s)
+ORDER BY created_at DESC, payment_id DESC
 LIMIT %(limit)s;
+
+-- name: payments_by_keys
+-- The payments of one page, pruned to the partitions of their due times.
+SELECT * FROM payments
+WHERE id = ANY(%(ids)s::uuid[]) AND due_at = ANY(%(due_ats)s::timestamptz[])
+  AND payer = %(actor)s AND (%(status)s::text IS NULL OR status = %(status)s);

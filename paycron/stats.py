@@ -24,6 +24,7 @@ def status_counts(conn: Connection) -> dict[str, int]:
 
 
 def health(conn: Connection, *, window: timedelta = timedelta(hours=1)) -> dict:
-    since = datetime.now(UTC) - window
-    return {**conn.execute(q("health"), {"since": since}).fetchone(),
+    now = datetime.now(UTC)
+    since = now - window
+    return {**conn.execute(q("health"), {"since": since, "now": now}).fetchone(),
             "lateness": lateness(conn, since=since)}

@@ -14,12 +14,14 @@ WHERE attempt = 1 AND started_at >= %(since)s;
 
 -- name: health
 -- The operator's numbers: backlog, oldest due pending age, DLQ, lease expiries.
+-- %(now)s (not now()) bounds due_at so future partitions are pruned at plan time.
 SELECT
     (SELECT count(*) FROM payments
-     WHERE status = 'PENDING' AND run_at <= now() AND due_at <= now()) AS backlog,
+     WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s) AS backlog,
     (SELECT extract(epoch FROM now() - min(run_at)) FROM payments
-     WHERE status = 'PENDING' AND run_at <= now() AND due_at <= now()) AS oldest_due_age,
-    (SELECT count(*) FROM payments WHERE status = 'PROCESSING') AS processing,
+     WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s) AS oldest_due_age,
+    (SELECT count(*) FROM payments
+     WHERE status = 'PROCESSING' AND due_at <= %(now)s) AS processing,
     (SELECT count(*) FROM dead_letters WHERE resolution IS NULL) AS dlq_open,
     (SELECT count(*) FROM attempts
      WHERE outcome = 'LEASE_EXPIRED' AND started_at >= %(since)s) AS lease_expiries,
@@ -37,3 +39,8 @@ SELECT
     count(*) FILTER (WHERE lease_expiries > 0) AS lease_expired,
     coalesce(sum(amount_minor) FILTER (WHERE status = 'COMPLETED'), 0) AS completed_minor
 FROM payments;
+
+-- name: open_payments
+-- Payments not yet terminal among those due before %(until)s.
+SELECT count(*) AS n FROM payments
+WHERE status IN ('PENDING', 'PROCESSING') AND due_at < %(until)s;

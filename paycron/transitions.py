@@ -11,7 +11,7 @@ import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
@@ -75,9 +75,9 @@ def cancel(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> None:
 
 def claim_due(conn: Connection, *, limit: int, lease_seconds: float) -> list[Claim]:
     """PENDING -> PROCESSING for up to ``limit`` due rows (lease, attempt + 1)."""
-    rows = conn.execute(
-        q("claim_due"), {"limit": limit, "lease_seconds": lease_seconds}, prepare=True
-    ).fetchall()
+    rows = conn.execute(q("claim_due"), {
+        "limit": limit, "lease_seconds": lease_seconds, "now": datetime.now(UTC),
+    }, prepare=True).fetchall()
     return [Claim(r["id"], r["due_at"], r["attempt"]) for r in rows]
 
 
@@ -142,7 +142,8 @@ def reap_expired(conn: Connection, *, limit: int, max_lease_expiries: int) -> li
     """PROCESSING rows past their lease -> PENDING (in doubt if a call was in
     flight), or FAILED ``LEASE_EXPIRED_REPEATEDLY`` at the limit."""
     return conn.execute(q("reap_expired"), {
-        "limit": limit, "max_lease_expiries": max_lease_expiries}, prepare=True).fetchall()
+        "limit": limit, "max_lease_expiries": max_lease_expiries, "now": datetime.now(UTC),
+    }, prepare=True).fetchall()
 
 
 def complete_from_gateway(conn: Connection, payment_id: uuid.UUID, *, outcome: str,

@@ -30,7 +30,7 @@ class Engine:
         self.gateway = HttpGateway(self.config.gateway_url,
                                    timeout=self.config.gateway_timeout_seconds)
         self.executor = Executor(config=self.config, pool=self.pool, gateway=self.gateway,
-                                 breaker=self.breaker, acquire_call_token=lambda: None)
+                                 breaker=self.breaker, call_limiter=None)
         self.sweeper = Sweeper(config=self.config, pool=self.pool,
                                pacer=ClaimPacer(self.redis, self.config), breaker=self.breaker,
                                enqueue=lambda claims, probe: self.messages.append(

@@ -1,0 +1,1 @@
+"""Benchmarks: one command each, figures printed (never timed tests)."""

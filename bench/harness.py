@@ -1,0 +1,125 @@
+"""What every benchmark needs: a private database, the system as real
+processes (the Procfile's commands), and figures read back from Postgres
+and the gateway's ledger."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from paycron.config import Config
+from paycron.db import connect
+from paycron.migrate import migrate
+from paycron.partitions import ensure_partitions
+from paycron.procs import (
+    SCHEDULER_ARGS,
+    ProcessGroup,
+    free_port,
+    gateway_args,
+    wait_http,
+    worker_args,
+)
+from paycron.sql import q
+
+ADMIN_DSN = os.environ.get("PAYCRON_BENCH_ADMIN_DSN",
+                           "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("PAYCRON_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@contextlib.contextmanager
+def private_database(prefix: str = "paycron_bench") -> Iterator[str]:
+    """A fresh, migrated database, dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = psycopg.conninfo.make_conninfo(ADMIN_DSN, dbname=name)
+    try:
+        config = Config(database_url=url)
+        with connect(config) as conn:
+            migrate(conn)
+            ensure_partitions(conn, config)
+        yield url
+    finally:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass
+class System:
+    """Gateway, scheduler(s) and workers running against one database."""
+
+    database_url: str
+    settings: dict[str, str] = field(default_factory=dict)
+    schedulers: int = 1
+    worker_processes: int = 2
+    worker_threads: int = 16
+
+    def __post_init__(self):
+        self.logdir = Path(tempfile.mkdtemp(prefix="paycron-bench-"))
+        self.namespace = f"paycron-bench-{uuid.uuid4().hex[:8]}"
+        self.gateway_url = f"http://127.0.0.1:{free_port()}"
+        self.env = {"DATABASE_URL": self.database_url, "REDIS_URL": REDIS_URL,
+                    "REDIS_NAMESPACE": self.namespace, "GATEWAY_URL": self.gateway_url,
+                    **self.settings}
+        self.procs = ProcessGroup(self.logdir, self.env)
+        self.gateway = httpx.Client(base_url=self.gateway_url, timeout=30)
+
+    def start_gateway(self, **faults) -> None:
+        port = int(self.gateway_url.rsplit(":", 1)[1])
+        wait_http(f"{self.gateway_url}/healthz", self.procs.start("gateway", gateway_args(port)))
+        if faults:
+            self.gateway.post("/_faults", json=faults).raise_for_status()
+
+    def start_engine(self) -> None:
+        for n in range(self.schedulers):
+            self.procs.start(f"scheduler-{n}", SCHEDULER_ARGS)
+        self.procs.start("worker", worker_args(self.worker_processes, self.worker_threads))
+
+    def stop(self) -> None:
+        self.procs.stop()
+        self.gateway.close()
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        for key in client.scan_iter(match=f"{self.namespace}*", count=1000):
+            client.delete(key)
+
+    def config(self) -> Config:
+        return Config.from_env(self.env)
+
+    def ledger(self) -> list[dict]:
+        return self.gateway.get("/_ledger").json()["charges"]
+
+    def gateway_stats(self) -> dict:
+        return self.gateway.get("/_stats").json()
+
+
+def wait_until_settled(conn, total: int, *, timeout: float, tick: float = 0.5,
+                       until: datetime | None = None) -> float:
+    """Seconds until ``total`` payments due before ``until`` are terminal."""
+    until = until or datetime.now(UTC) + timedelta(days=1)
+    started = time.monotonic()
+    while True:
+        open_rows = conn.execute(q("open_payments"), {"until": until}).fetchone()["n"]
+        if open_rows == 0:
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"{open_rows} of {total} payments still open after {timeout}s")
+        time.sleep(tick)
+
+
+def charges_per_key(ledger: list[dict]) -> int:
+    counts: dict[str, int] = {}
+    for charge in ledger:
+        counts[charge["idempotency_key"]] = counts.get(charge["idempotency_key"], 0) + 1
+    return max(counts.values(), default=0)
