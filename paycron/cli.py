@@ -4,6 +4,7 @@ SPEC §1 (through :class:`Config`) and nothing else."""
 from __future__ import annotations
 
 import getpass
+import importlib.metadata
 import json
 import sys
 import uuid
@@ -26,7 +27,26 @@ def _config() -> Config:
         raise click.ClickException(str(exc)) from None
 
 
-@click.group()
+class PaycronCLI(click.Group):
+    """The domain's commands plus those the parts register under the
+    ``paycron.commands`` entry point (e.g. ``reconcile`` from
+    ``reconciliation/``), so this package never imports a part."""
+
+    def _plugins(self) -> dict:
+        found = importlib.metadata.entry_points(group="paycron.commands")
+        return {ep.name: ep for ep in found}
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self._plugins()))
+
+    def get_command(self, ctx, name):
+        command = super().get_command(ctx, name)
+        if command is None and name in self._plugins():
+            command = self._plugins()[name].load()
+        return command
+
+
+@click.group(cls=PaycronCLI)
 def main() -> None:
     """paycron: a scheduled-payments engine."""
 

@@ -27,7 +27,8 @@ RUN_ID = uuid.uuid4().hex[:10]
 
 #: Tables emptied between tests (cheap DELETEs: the partitions stay).
 _TABLES = ("payments", "attempts", "payment_events", "dead_letters", "idempotency_keys",
-           "api_keys", "refunds")
+           "api_keys", "refunds", "webhook_deliveries", "webhook_endpoints",
+           "reconciliation_items", "reconciliation_runs")
 
 
 def dsn_for(dbname: str) -> str:

@@ -1,0 +1,1 @@
+"""Daily reconciliation: the gateway's settlement report against our attempts."""
