@@ -71,6 +71,8 @@ class Config:
     #: The circuit breaker judges the gateway on calls of the last this-many seconds.
     circuit_window_seconds: int = 10
     db_pool_max: int = 10
+    #: Scheduler and worker processes serve their counters here (see paycron.metrics).
+    metrics_port: int | None = None
     extra: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -150,5 +152,6 @@ class Config:
             message_group_size=get("MESSAGE_GROUP_SIZE", int, d.message_group_size),
             db_pool_max=get("DB_POOL_MAX", int, d.db_pool_max),
             redis_namespace=get("REDIS_NAMESPACE", str, d.redis_namespace),
+            metrics_port=get("METRICS_PORT", int, d.metrics_port),
             circuit_window_seconds=get("CIRCUIT_WINDOW_SECONDS", int, d.circuit_window_seconds),
         )

@@ -13,14 +13,17 @@ idempotency collapses into the one charge.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from psycopg_pool import ConnectionPool
 
+from paycron import metrics
 from paycron.breaker import BreakerState, CircuitBreaker
 from paycron.config import Config
-from paycron.enums import Outcome, Status
+from paycron.enums import FailureReason, Outcome, Status
 from paycron.errors import GatewayError
 from paycron.gateway_client import CallResult, Gateway
 from paycron.pacing import CallLimiter
@@ -75,6 +78,7 @@ class Executor:
         state = self.breaker.state()
         if state is BreakerState.OPEN or (state is BreakerState.HALF_OPEN and not probe):
             counts.released = release(self.pool, claims)
+            metrics.BREAKER_RELEASES.inc(counts.released)
             return counts
         rows = start(self.pool, claims, lease_seconds=self.config.lease_seconds,
                      worker=self.worker)
@@ -87,6 +91,11 @@ class Executor:
                 counts.looked_up += 1
         recorded = finish(self.pool, done)
         counts.moved = sum(1 for r in recorded if r["moved"])
+        parked = {r["id"] for r in recorded if r["moved"] and r["status"] == Status.FAILED}
+        for item in done:
+            reason = item.decision.failure_reason
+            if item.row["id"] in parked and reason is FailureReason.RETRIES_EXHAUSTED:
+                metrics.DEAD_LETTERS.labels(reason.value).inc()
         failures = sum(1 for d in done if d.result.breaker_failure)
         if probe:
             self.breaker.probe_finished(failed=failures > 0)
@@ -102,10 +111,16 @@ class Executor:
     def _call(self, row: dict) -> Finished:
         if self.call_limiter is not None:
             self.call_limiter.acquire(1)
+        started = time.monotonic()
+        if row["attempt"] == 1:
+            lateness = (datetime.now(UTC) - row["due_at"]).total_seconds()
+            metrics.TRIGGER_LATENESS.observe(max(0.0, lateness))
         result = self.gateway.charge(
             idempotency_key=str(row["id"]), amount=row["amount_minor"],
             currency=row["currency"].strip(), reference=str(row["id"]),
         )
+        metrics.GATEWAY_LATENCY.observe(time.monotonic() - started)
+        metrics.GATEWAY_CALLS.labels(result.outcome.value).inc()
         decision = decide(result, failures=row["failures"], in_doubt=row["in_doubt"],
                           config=self.config)
         return Finished(row, result, decision)

@@ -11,8 +11,22 @@ _SCRUBBED_KEYS = {"payer", "payee", "actor", "authorization", "idempotency-key",
                   "args", "kwargs", "data", "body"}
 
 
-def scrub(event: dict, hint: dict | None = None) -> dict:
-    """Drop request bodies, actor arguments and payer/payee ids from an event."""
+def scrub(event: dict, hint: dict | None = None) -> dict | None:
+    """Drop request bodies, actor arguments and payer/payee ids from an event.
+
+    Dramatiq's own log lines print a failed message with its arguments, so
+    events from its loggers are dropped whole (the Dramatiq integration
+    reports the exception itself) and its breadcrumbs are removed.
+    """
+    if str(event.get("logger", "")).startswith("dramatiq"):
+        return None
+    crumbs = event.get("breadcrumbs")
+    if isinstance(crumbs, dict) and isinstance(crumbs.get("values"), list):
+        crumbs["values"] = [c for c in crumbs["values"]
+                            if not str(c.get("category", "")).startswith("dramatiq")]
+    logentry = event.get("logentry")
+    if isinstance(logentry, dict):
+        logentry.pop("params", None)  # the message template stays; values may be PII
     request = event.get("request")
     if isinstance(request, dict):
         request.pop("data", None)
@@ -37,15 +51,20 @@ def scrub(event: dict, hint: dict | None = None) -> dict:
     return event
 
 
-def init_sentry(config: Config, *, component: str) -> bool:
+def init_sentry(config: Config, *, component: str, transport=None) -> bool:
     """Initialise Sentry when SENTRY_DSN is set. Must run before the Dramatiq
-    broker is created."""
+    broker is created (its integration patches the broker's constructor).
+    ``transport`` is for tests."""
     if not config.sentry_dsn:
         return False
     import sentry_sdk
+    from sentry_sdk.integrations.dramatiq import DramatiqIntegration
 
+    integrations = [DramatiqIntegration()] if component == "worker" else []
     sentry_sdk.init(dsn=config.sentry_dsn, before_send=scrub, send_default_pii=False,
-                    include_local_variables=False, server_name=component)
+                    include_local_variables=False, server_name=component,
+                    integrations=integrations, transport=transport,
+                    max_request_body_size="never")
     sentry_sdk.set_tag("component", component)
     return True
 

@@ -44,3 +44,18 @@ FROM payments;
 -- Payments not yet terminal among those due before %(until)s.
 SELECT count(*) AS n FROM payments
 WHERE status IN ('PENDING', 'PROCESSING') AND due_at < %(until)s;
+
+-- name: metrics_gauges
+-- The scrape-time gauges. Every payments subquery is bounded by %(now)s so
+-- future partitions are pruned at plan time.
+SELECT
+    (SELECT extract(epoch FROM now() - min(run_at)) FROM payments
+     WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s) AS oldest_due_age,
+    (SELECT count(*) FROM payments
+     WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s) AS backlog,
+    (SELECT count(*) FROM payments
+     WHERE status = 'PROCESSING' AND due_at <= %(now)s) AS processing,
+    (SELECT count(*) FROM payments
+     WHERE due_at > %(since)s AND due_at <= %(now)s) AS due_5m,
+    (SELECT count(*) FROM dead_letters WHERE resolution IS NULL) AS dlq_open,
+    NULL::bigint AS mismatches;

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from psycopg_pool import ConnectionPool
 
+from paycron import metrics
 from paycron.config import Config
 from paycron.transitions import reap_expired
 
@@ -45,6 +46,8 @@ class Reaper:
             counts.in_doubt += sum(1 for r in rows if r["in_doubt"])
             if len(rows) < self.batch:
                 break
+        metrics.LEASE_EXPIRATIONS.inc(counts.reaped)
+        metrics.DEAD_LETTERS.labels("LEASE_EXPIRED_REPEATEDLY").inc(counts.parked)
         if counts.reaped:
             log.warning("reaped expired leases: %s", counts)
         return counts

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from psycopg_pool import ConnectionPool
 
+from paycron import metrics
 from paycron.breaker import BreakerState, CircuitBreaker
 from paycron.config import Config
 from paycron.pacing import ClaimPacer
@@ -66,6 +67,7 @@ class Sweeper:
                 with self.pool.connection() as conn:
                     claims = claim_due(conn, limit=1, lease_seconds=self.config.lease_seconds)
                 if claims:
+                    metrics.CLAIMS.inc(len(claims))
                     self._send(claims, counts, probe=True)
                     counts.claimed, counts.probe = 1, True
                 else:  # nothing due: no evidence either way, so close
@@ -79,6 +81,7 @@ class Sweeper:
             with self.pool.connection() as conn:
                 claims = claim_due(conn, limit=granted, lease_seconds=self.config.lease_seconds)
             # Committed: from here a crash leaves leased rows for the reaper.
+            metrics.CLAIMS.inc(len(claims))
             self.pacer.give_back(granted - len(claims))
             self._send(claims, counts)
             counts.claimed += len(claims)

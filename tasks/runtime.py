@@ -12,6 +12,7 @@ from paycron.config import Config
 from paycron.db import make_pool
 from paycron.execution import Executor
 from paycron.gateway_client import HttpGateway
+from paycron.metrics import serve_metrics
 from paycron.pacing import CallLimiter
 
 _lock = threading.Lock()
@@ -19,6 +20,7 @@ _executor: Executor | None = None
 
 
 def build_executor(config: Config) -> Executor:
+    serve_metrics(config.metrics_port, component="worker")
     client = redis.Redis.from_url(config.redis_url or "redis://127.0.0.1:6379/0")
     return Executor(
         config=config,

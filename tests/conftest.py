@@ -116,13 +116,19 @@ def _cleaner(database_url):
         yield connection
 
 
+def _existing_tables(conn) -> list[str]:
+    rows = conn.execute("SELECT t FROM unnest(%s::text[]) t WHERE to_regclass(t) IS NOT NULL",
+                        (list(_TABLES),)).fetchall()
+    return [r["t"] for r in rows]
+
+
 @pytest.fixture(autouse=True)
 def _clean(request):
     cleaner = request.getfixturevalue("_cleaner") if "database_url" in request.fixturenames \
         else None
     yield
     if cleaner is not None:
-        for table in _TABLES:
+        for table in _existing_tables(cleaner):
             cleaner.execute(f"DELETE FROM {table}")
 
 

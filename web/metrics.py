@@ -1,0 +1,70 @@
+"""``GET /metrics`` (Prometheus text) and the web process's request metrics.
+
+Unauthenticated: expose it on the internal network only. With
+``PROMETHEUS_MULTIPROC_DIR`` set, it aggregates the counters of every
+process on the host that writes there (gunicorn workers, scheduler, Dramatiq
+workers); without it, this process's own counters. The database gauges are
+computed at scrape time by :class:`paycron.metrics.DatabaseCollector`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from flask import Blueprint, Flask, Response, current_app, g, request
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+from paycron.metrics import DatabaseCollector
+from paycron.sql import q
+
+bp = Blueprint("metrics", __name__)
+
+HTTP_REQUESTS = Counter("paycron_http_requests", "API requests answered",
+                        ["method", "endpoint", "status"])
+HTTP_LATENCY = Histogram("paycron_http_request_seconds", "API request latency", ["endpoint"],
+                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+
+
+def _process_registry():
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return registry
+    return REGISTRY
+
+
+@bp.get("/metrics")
+def metrics():
+    body = generate_latest(_process_registry())
+    body += generate_latest(current_app.extensions["paycron.metrics_registry"])
+    return Response(body, mimetype=CONTENT_TYPE_LATEST)
+
+
+def install(app: Flask, *, breaker) -> None:
+    """Register /metrics, the scrape-time gauges and the request hooks."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector(app.extensions["paycron.pool"], breaker=breaker,
+                                        queries={"metrics_gauges": q("metrics_gauges")}))
+    app.extensions["paycron.metrics_registry"] = registry
+    app.register_blueprint(bp)
+
+    @app.before_request
+    def _start_timer():
+        g.request_started = time.perf_counter()
+
+    @app.after_request
+    def _count(response):
+        endpoint = request.url_rule.rule if request.url_rule else "unmatched"
+        HTTP_REQUESTS.labels(request.method, endpoint, str(response.status_code)).inc()
+        if "request_started" in g:
+            HTTP_LATENCY.labels(endpoint).observe(time.perf_counter() - g.request_started)
+        return response
