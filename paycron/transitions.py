@@ -6,6 +6,7 @@ that says what happened. The SQL is in ``transitions.sql``.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -23,6 +24,14 @@ from paycron.ids import due_range
 from paycron.payments import get_payment
 from paycron.retry import Decision
 from paycron.sql import q
+
+log = logging.getLogger("paycron.transitions")
+
+
+def log_transition(payment_id, before: str, after: str, **fields) -> None:
+    """The one structured line every status change writes (logfmt)."""
+    extra = "".join(f" {k}={v}" for k, v in fields.items() if v is not None)
+    log.info("transition payment=%s from=%s to=%s%s", payment_id, before, after, extra)
 
 
 def worker_name() -> str:
@@ -58,6 +67,7 @@ def cancel(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> None:
     params = {"id": payment_id, "due_from": due_from, "due_to": due_to, "actor": actor}
     for _ in range(_CANCEL_TRIES):
         if conn.execute(q("cancel"), params).fetchone() is not None:
+            log_transition(payment_id, Status.PENDING, Status.CANCELLED, by=actor)
             return
         # Lost, or nothing to cancel: a fresh statement sees the winner's commit.
         row = get_payment(conn, payment_id, actor=actor, with_attempts=False)
@@ -78,6 +88,8 @@ def claim_due(conn: Connection, *, limit: int, lease_seconds: float) -> list[Cla
     rows = conn.execute(q("claim_due"), {
         "limit": limit, "lease_seconds": lease_seconds, "now": datetime.now(UTC),
     }, prepare=True).fetchall()
+    for r in rows:
+        log_transition(r["id"], Status.PENDING, Status.PROCESSING, attempt=r["attempt"])
     return [Claim(r["id"], r["due_at"], r["attempt"]) for r in rows]
 
 
@@ -92,7 +104,10 @@ def _claim_params(claims: Sequence[Claim]) -> dict:
 def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
     """Give claims back without a call (breaker open): no budget, no attempt row."""
     with pool.connection() as conn:
-        return len(conn.execute(q("release_claims"), _claim_params(claims)).fetchall())
+        rows = conn.execute(q("release_claims"), _claim_params(claims)).fetchall()
+    for r in rows:
+        log_transition(r["id"], Status.PROCESSING, Status.PENDING, reason="circuit_open")
+    return len(rows)
 
 
 def start(pool: ConnectionPool, claims: Sequence[Claim], *, lease_seconds: float,
@@ -135,15 +150,26 @@ def finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
                             for d in done],
     }
     with pool.connection() as conn:
-        return conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
+        rows = conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
+    by_id = {d.row["id"]: d for d in done}
+    for r in rows:
+        if r["moved"]:
+            d = by_id[r["id"]]
+            log_transition(r["id"], Status.PROCESSING, r["status"], attempt=d.row["attempt"],
+                           outcome=d.result.outcome.value, reason=d.decision.failure_reason)
+    return rows
 
 
 def reap_expired(conn: Connection, *, limit: int, max_lease_expiries: int) -> list[dict]:
     """PROCESSING rows past their lease -> PENDING (in doubt if a call was in
     flight), or FAILED ``LEASE_EXPIRED_REPEATEDLY`` at the limit."""
-    return conn.execute(q("reap_expired"), {
+    rows = conn.execute(q("reap_expired"), {
         "limit": limit, "max_lease_expiries": max_lease_expiries, "now": datetime.now(UTC),
     }, prepare=True).fetchall()
+    for r in rows:
+        log_transition(r["id"], Status.PROCESSING, r["status"], reason="lease_expired",
+                       in_doubt=r["in_doubt"])
+    return rows
 
 
 def complete_from_gateway(conn: Connection, payment_id: uuid.UUID, *, outcome: str,
@@ -155,6 +181,9 @@ def complete_from_gateway(conn: Connection, payment_id: uuid.UUID, *, outcome: s
         "id": payment_id, "due_from": due_from, "due_to": due_to, "outcome": outcome,
         "gateway_ref": gateway_ref, "actor": actor,
     }).fetchone()
+    if row is not None:
+        log_transition(payment_id, "FAILED|PENDING", Status.COMPLETED, outcome=outcome,
+                       by=actor)
     return row is not None
 
 
@@ -164,4 +193,6 @@ def redrive(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> bool:
     row = conn.execute(q("redrive"), {
         "id": payment_id, "due_from": due_from, "due_to": due_to, "actor": actor,
     }).fetchone()
+    if row is not None:
+        log_transition(payment_id, Status.FAILED, Status.PENDING, reason="redriven", by=actor)
     return row is not None
