@@ -1,0 +1,352 @@
+"""Crash soak: the whole system as real processes, broken on purpose.
+
+A private Postgres and a private Redis (started here, killed here — never
+the machine's shared ones), the fake gateway mixing declines, 5xx, timeouts,
+429s and charge-then-drop, a gunicorn API, two schedulers and several
+Dramatiq worker processes. Payments are created through the API, due over a
+window; while they fall due the harness SIGKILLs workers (calls in flight)
+and schedulers, restarts Redis empty, restarts Postgres with an immediate
+shutdown, and cancels payments close to their due time. Then it lets the
+system drain, runs the reconciliation, and checks the promises against the
+gateway's ledger and the database. Exit status 1 on any violation.
+
+    python -m bench.soak --short        # CI: a few hundred payments, a handful of each fault
+    python -m bench.soak                # full: 5,000 payments, 100+ kills, 3 Redis losses,
+                                        #       2 Postgres restarts
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+
+from bench.servers import PrivatePostgres, PrivateRedis
+from paycron.apikeys import create_api_key
+from paycron.config import Config
+from paycron.db import connect
+from paycron.migrate import migrate
+from paycron.partitions import ensure_partitions
+from paycron.procs import (
+    SCHEDULER_ARGS,
+    ProcessGroup,
+    free_port,
+    gateway_args,
+    stop,
+    wait_http,
+    web_args,
+    worker_args,
+)
+from paycron.sql import parse_blocks
+
+CHECKS = parse_blocks((Path(__file__).parent / "soak.sql").read_text())
+
+#: Short engine timings so every path (retry, reap, park) happens within minutes.
+ENGINE = {
+    "LEASE_SECONDS": "9", "GATEWAY_TIMEOUT_SECONDS": "2", "RETRY_DELAYS": "1s,1s,2s,2s,3s",
+    "SWEEP_INTERVAL_SECONDS": "0.5", "GATEWAY_RATE_LIMIT": "200", "CLAIM_BATCH": "100",
+    "CIRCUIT_OPEN_SECONDS": "3", "CIRCUIT_MIN_CALLS": "40", "CIRCUIT_FAILURE_RATIO": "0.6",
+    "MAX_LEASE_EXPIRIES": "5", "MESSAGE_GROUP_SIZE": "4", "DB_POOL_MAX": "8",
+}
+FAULTS = {"decline_rate": 0.03, "error_rate": 0.05, "timeout_rate": 0.02,
+          "timeout_sleep_ms": 2500, "charge_then_drop_rate": 0.03, "rate_limit_per_s": 250,
+          "latency_ms": 5}
+DECLINE_AMOUNT, ALWAYS_503_AMOUNT = 40002, 50003
+
+
+@dataclass
+class Plan:
+    payments: int
+    window: float  # seconds over which the payments fall due
+    workers: int
+    worker_kills: int
+    scheduler_kills: int
+    redis_losses: int
+    postgres_restarts: int
+    cancels: int
+    rate_limit_bursts: int
+
+
+SHORT = Plan(payments=300, window=45, workers=2, worker_kills=8, scheduler_kills=3,
+             redis_losses=1, postgres_restarts=1, cancels=15, rate_limit_bursts=2)
+FULL = Plan(payments=5000, window=200, workers=3, worker_kills=90, scheduler_kills=20,
+            redis_losses=3, postgres_restarts=2, cancels=100, rate_limit_bursts=5)
+
+
+def drain_deadline(plan: Plan) -> float:
+    """Seconds after the chaos ends by which every payment must be terminal:
+    the whole retry schedule (with +20% jitter and a call timeout per try),
+    every lease expiry a payment may suffer before it parks, a few breaker
+    openings, and the backlog at the gateway rate."""
+    delays = sum(float(d.rstrip("s")) for d in ENGINE["RETRY_DELAYS"].split(","))
+    calls = len(ENGINE["RETRY_DELAYS"].split(",")) + 1
+    retry_path = delays * 1.2 + calls * float(ENGINE["GATEWAY_TIMEOUT_SECONDS"])
+    lease_path = int(ENGINE["MAX_LEASE_EXPIRIES"]) * float(ENGINE["LEASE_SECONDS"]) * 1.5
+    breaker = 3 * float(ENGINE["CIRCUIT_OPEN_SECONDS"])
+    backlog = plan.payments / float(ENGINE["GATEWAY_RATE_LIMIT"])
+    return retry_path + lease_path + breaker + backlog + 30
+
+
+class Soak:
+    def __init__(self, plan: Plan, seed: int):
+        self.plan = plan
+        self.rng = random.Random(seed)
+        self.logdir = Path(tempfile.mkdtemp(prefix="paycron-soak-"))
+        self.pg = PrivatePostgres()
+        self.redis = PrivateRedis()
+        self.gateway_port, self.web_port = free_port(), free_port()
+        self.counts = {"worker_kills": 0, "scheduler_kills": 0, "redis_losses": 0,
+                       "postgres_restarts": 0, "cancels": 0, "cancelled": 0,
+                       "rate_limit_bursts": 0, "api_errors": 0}
+
+    # -------------------------------------------------------------- set-up
+
+    def start(self) -> None:
+        self.pg.start()
+        self.redis.start()
+        self.config = Config(database_url=self.pg.url, redis_url=self.redis.url)
+        with connect(self.config) as conn:
+            migrate(conn)
+            ensure_partitions(conn, self.config)
+            self.key, _ = create_api_key(conn, "soak")
+        env = {**ENGINE, "DATABASE_URL": self.pg.url, "REDIS_URL": self.redis.url,
+               "GATEWAY_URL": f"http://127.0.0.1:{self.gateway_port}"}
+        self.procs = ProcessGroup(self.logdir, env)
+        gateway = self.procs.start("gateway", [*gateway_args(self.gateway_port), "--seed", "11"])
+        wait_http(f"http://127.0.0.1:{self.gateway_port}/healthz", gateway)
+        self.gateway = httpx.Client(base_url=f"http://127.0.0.1:{self.gateway_port}", timeout=30)
+        self.gateway.post("/_faults", json=FAULTS).raise_for_status()
+        web = self.procs.start("web", web_args(self.web_port, workers=2, threads=4))
+        self.schedulers = [self.procs.start(f"scheduler-{n}", SCHEDULER_ARGS) for n in range(2)]
+        self.workers = [self.procs.start(f"worker-{n}", worker_args(1, 8))
+                        for n in range(self.plan.workers)]
+        wait_http(f"http://127.0.0.1:{self.web_port}/healthz", web)
+        self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.web_port}", timeout=30,
+                                headers={"Authorization": f"Bearer {self.key}"})
+
+    def stop(self) -> None:
+        self.procs.stop()
+        self.redis.destroy()
+        self.pg.destroy()
+
+    # -------------------------------------------------------------- load
+
+    def create_payments(self) -> list[dict]:
+        """All payments through the API, due over the window starting soon."""
+        seconds_to_create = self.plan.payments / 150
+        self.first_due = datetime.now(UTC) + timedelta(seconds=seconds_to_create + 5)
+
+        def create(n: int) -> dict:
+            amount = self.rng.randint(100, 90_000)
+            if n % 40 == 3:
+                amount = DECLINE_AMOUNT
+            elif n % 97 == 5:
+                amount = ALWAYS_503_AMOUNT
+            due = self.first_due + timedelta(seconds=self.plan.window * n / self.plan.payments)
+            body = {"payee": f"merchant-{n % 13}", "amount": amount, "dueAt": due.isoformat()}
+            for _ in range(5):  # an idempotent retry lands once
+                try:
+                    response = self.api.post("/v1/scheduled-payments", json=body,
+                                             headers={"Idempotency-Key": f"soak-{n}"})
+                    if response.status_code == 201:
+                        return response.json()
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            raise RuntimeError(f"could not create payment {n}")
+
+        with ThreadPoolExecutor(8) as pool:
+            created = list(pool.map(create, range(self.plan.payments)))
+        print(f"created {len(created)} payments through the API, due over "
+              f"{self.plan.window:.0f}s from {self.first_due:%H:%M:%S}")
+        return created
+
+    # -------------------------------------------------------------- chaos
+
+    def chaos(self, created: list[dict]) -> None:
+        """Faults at random moments while the payments fall due."""
+        plan, start = self.plan, time.monotonic()
+        lead = max(0.0, (self.first_due - datetime.now(UTC)).total_seconds())
+        span = lead + plan.window + 5
+        events = (["worker"] * plan.worker_kills + ["scheduler"] * plan.scheduler_kills
+                  + ["cancel"] * plan.cancels + ["burst"] * plan.rate_limit_bursts)
+        self.rng.shuffle(events)
+        # Redis losses and Postgres restarts at spread-out moments of the window.
+        timed = [(lead + plan.window * (i + 1) / (plan.redis_losses + 1), "redis")
+                 for i in range(plan.redis_losses)]
+        timed += [(lead + plan.window * (i + 0.5) / plan.postgres_restarts, "postgres")
+                  for i in range(plan.postgres_restarts)]
+        timed += [(lead + span * (i + 1) / (len(events) + 1), e) for i, e in enumerate(events)]
+        for at, event in sorted(timed):
+            time.sleep(max(0.0, start + at - time.monotonic()))
+            getattr(self, f"_{event}")(created)
+
+    def _worker(self, _created) -> None:
+        i = self.rng.randrange(len(self.workers))
+        stop(self.workers[i], sig=signal.SIGKILL)
+        self.workers[i] = self.procs.start(f"worker-{i}", worker_args(1, 8))
+        self.counts["worker_kills"] += 1
+
+    def _scheduler(self, _created) -> None:
+        i = self.rng.randrange(len(self.schedulers))
+        stop(self.schedulers[i], sig=signal.SIGKILL)
+        self.schedulers[i] = self.procs.start(f"scheduler-{i}", SCHEDULER_ARGS)
+        self.counts["scheduler_kills"] += 1
+
+    def _redis(self, _created) -> None:
+        self.redis.restart_empty()
+        self.counts["redis_losses"] += 1
+        print(f"  redis restarted empty at +{self._since_first_due():.0f}s")
+
+    def _postgres(self, _created) -> None:
+        self.pg.restart_immediate()
+        self.counts["postgres_restarts"] += 1
+        print(f"  postgres restarted (immediate) at +{self._since_first_due():.0f}s")
+
+    def _burst(self, _created) -> None:
+        """A few seconds under a low gateway ceiling: 429s for sure."""
+        self.gateway.post("/_faults", json={"rate_limit_per_s": 20})
+        time.sleep(2)
+        self.gateway.post("/_faults", json={"rate_limit_per_s": FAULTS["rate_limit_per_s"]})
+        self.counts["rate_limit_bursts"] += 1
+
+    def _cancel(self, created) -> None:
+        """Cancel a payment falling due within the next couple of seconds."""
+        now = datetime.now(UTC)
+        near = [p for p in created
+                if 0 <= (datetime.fromisoformat(p["dueAt"]) - now).total_seconds() < 2]
+        if not near:
+            return
+        target = self.rng.choice(near)
+        try:
+            response = self.api.delete(f"/v1/scheduled-payments/{target['id']}")
+        except httpx.TransportError:
+            self.counts["api_errors"] += 1
+            return
+        self.counts["cancels"] += 1
+        self.counts["cancelled"] += response.status_code == 200
+
+    def _since_first_due(self) -> float:
+        return (datetime.now(UTC) - self.first_due).total_seconds()
+
+    # -------------------------------------------------------------- drain and check
+
+    def drain(self, deadline: float) -> bool:
+        started = time.monotonic()
+        while time.monotonic() - started < deadline:
+            try:
+                with connect(self.config) as conn:
+                    row = conn.execute(CHECKS["soak_open"], {"until": self._until()}).fetchone()
+                if row["n"] == 0:
+                    print(f"drained {time.monotonic() - started:.0f}s after the chaos "
+                          f"(deadline {deadline:.0f}s)")
+                    return True
+            except Exception as exc:  # Postgres may still be recovering
+                print(f"  drain check failed: {exc}")
+            time.sleep(1)
+        return False
+
+    def _until(self) -> datetime:
+        return self.first_due + timedelta(seconds=self.plan.window + 60)
+
+    def reconcile(self) -> int:
+        days = sorted({c["created_at"][:10] for c in self.ledger()})
+        code = 0
+        for day in days:
+            result = subprocess.run([sys.executable, "-m", "paycron.cli", "reconcile",
+                                     "--date", day], env={**self.procs.env}, text=True,
+                                    capture_output=True)
+            print(f"reconcile {day}: exit {result.returncode}")
+            print("  " + result.stdout.strip().replace("\n", "\n  "))
+            code = max(code, result.returncode)
+        return code
+
+    def ledger(self) -> list[dict]:
+        return self.gateway.get("/_ledger").json()["charges"]
+
+    def check(self, drained: bool) -> list[tuple[str, int, bool]]:
+        ledger = self.ledger()
+        stats = self.gateway.get("/_stats").json()
+        per_key: dict[str, int] = {}
+        for charge in ledger:
+            per_key[charge["idempotency_key"]] = per_key.get(charge["idempotency_key"], 0) + 1
+        succeeded = [c for c in ledger if c["status"] == "succeeded"]
+        with connect(self.config) as conn:
+            rows = {str(r["id"]): r for r in conn.execute(
+                CHECKS["soak_payments"], {"until": self._until()})}
+            db = conn.execute(CHECKS["soak_counts"], {"until": self._until()}).fetchone()
+        completed_sum = sum(r["amount_minor"] for r in rows.values()
+                            if r["status"] == "COMPLETED")
+        charged_not_completed = [c for c in succeeded
+                                 if rows.get(c["reference"], {}).get("status") != "COMPLETED"]
+        cancelled_charged = [c for c in ledger
+                             if rows.get(c["reference"], {}).get("status") == "CANCELLED"]
+        return [
+            ("payments created", len(rows), len(rows) == self.plan.payments),
+            ("every payment terminal by the deadline", db["open"], drained and db["open"] == 0),
+            ("max charges per idempotency key (<= 1)", max(per_key.values(), default=0),
+             max(per_key.values(), default=0) <= 1),
+            ("charges for a payment not COMPLETED", len(charged_not_completed),
+             not charged_not_completed),
+            ("CANCELLED payments charged", len(cancelled_charged), not cancelled_charged),
+            ("FAILED parked without a dead letter", db["parked_without_letter"],
+             db["parked_without_letter"] == 0),
+            ("FAILED without a reason", db["failed_without_reason"],
+             db["failed_without_reason"] == 0),
+            ("gateway calls without an attempt row (calls - call rows)",
+             max(0, stats["charge_requests"] - db["call_rows"]),
+             db["call_rows"] >= stats["charge_requests"] - db["lease_expired_rows"]),
+            ("attempt rows left IN_FLIGHT (unmarked)", db["in_flight"], db["in_flight"] == 0),
+            ("sum charged - sum COMPLETED (minor units)",
+             sum(c["amount"] for c in succeeded) - completed_sum,
+             sum(c["amount"] for c in succeeded) == completed_sum),
+            ("terminal payments whose status has no event", db["missing_events"],
+             db["missing_events"] == 0),
+        ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", action="store_true", help="the CI form")
+    parser.add_argument("--payments", type=int)
+    parser.add_argument("--seed", type=int, default=20261130)
+    args = parser.parse_args()
+    plan = SHORT if args.short else FULL
+    if args.payments:
+        plan.payments = args.payments
+    soak = Soak(plan, args.seed)
+    print(f"soak plan: {plan}")
+    print(f"logs: {soak.logdir}")
+    started = time.monotonic()
+    try:
+        soak.start()
+        created = soak.create_payments()
+        soak.chaos(created)
+        deadline = drain_deadline(plan)
+        drained = soak.drain(deadline)
+        reconcile_code = soak.reconcile()
+        results = soak.check(drained)
+    finally:
+        soak.stop()
+    print("faults injected: " + ", ".join(f"{k} {v}" for k, v in soak.counts.items()))
+    failed = False
+    for name, count, ok in results:
+        print(f"  [{'ok' if ok else 'FAIL'}] {name}: {count}")
+        failed |= not ok
+    print(f"reconciliation exit code: {reconcile_code} (1 = mismatches paged)")
+    print(f"soak took {time.monotonic() - started:.0f}s: {'FAILED' if failed else 'passed'}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
