@@ -58,4 +58,6 @@ SELECT
     (SELECT count(*) FROM payments
      WHERE due_at > %(since)s AND due_at <= %(now)s) AS due_5m,
     (SELECT count(*) FROM dead_letters WHERE resolution IS NULL) AS dlq_open,
-    NULL::bigint AS mismatches;
+    -- The latest run of the most recent day reconciled: nonzero pages.
+    (SELECT mismatches FROM reconciliation_runs
+     ORDER BY day DESC, id DESC LIMIT 1) AS mismatches;

@@ -51,6 +51,10 @@ def test_gauges_are_computed_from_the_database_at_scrape_time(client, conn):
     assert samples["paycron_partitions_ahead_days"] >= 366
     assert samples["paycron_database_up"] == 1
     assert samples["paycron_circuit_state"] == 0
+    assert samples["paycron_reconciliation_mismatches"] == 0
+    conn.execute("INSERT INTO reconciliation_runs (day, mismatches, source) "
+                 "VALUES (current_date, 2, 'file')")
+    assert scrape(client)["paycron_reconciliation_mismatches"] == 2
 
 
 def test_requests_are_counted(client, alice):
