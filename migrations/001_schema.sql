@@ -111,7 +111,6 @@ CREATE TABLE payment_events (
     data        jsonb       NOT NULL DEFAULT '{}',
     created_at  timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX payment_events_payer_idx ON payment_events (payer, id);
 CREATE INDEX payment_events_payment_idx ON payment_events (payment_id, id);
 
 -- Parked payments waiting for a human. One open row per payment at most.

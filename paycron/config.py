@@ -30,6 +30,14 @@ def parse_durations(text: str) -> tuple[float, ...]:
     return tuple(parse_duration(part) for part in text.split(",") if part.strip())
 
 
+def _flag(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
 @dataclass(frozen=True)
 class Config:
     database_url: str | None = None
@@ -71,6 +79,8 @@ class Config:
     #: The circuit breaker judges the gateway on calls of the last this-many seconds.
     circuit_window_seconds: int = 10
     db_pool_max: int = 10
+    #: Let webhook endpoints point at loopback/private addresses (tests, on-premise).
+    webhook_allow_private_hosts: bool = False
     #: Scheduler and worker processes serve their counters here (see paycron.metrics).
     metrics_port: int | None = None
     extra: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -153,5 +163,7 @@ class Config:
             db_pool_max=get("DB_POOL_MAX", int, d.db_pool_max),
             redis_namespace=get("REDIS_NAMESPACE", str, d.redis_namespace),
             metrics_port=get("METRICS_PORT", int, d.metrics_port),
+            webhook_allow_private_hosts=get("WEBHOOK_ALLOW_PRIVATE_HOSTS", _flag,
+                                            d.webhook_allow_private_hosts),
             circuit_window_seconds=get("CIRCUIT_WINDOW_SECONDS", int, d.circuit_window_seconds),
         )

@@ -1,4 +1,5 @@
-"""``python -m scheduler``: sweep, reap and keep partitions, in one loop.
+"""``python -m scheduler``: sweep, reap and keep partitions, in one loop;
+relay webhooks in a thread of their own.
 
 The composition root of the scheduler process. No leader: run as many as
 you like; SKIP LOCKED, the shared pacing bucket and the guarded reaper make
@@ -15,10 +16,12 @@ import redis
 
 from paycron.breaker import CircuitBreaker
 from paycron.db import make_pool
+from paycron.metrics import serve_metrics
 from paycron.observability import configure_logging
 from paycron.pacing import ClaimPacer
 from scheduler.partition_keeper import PartitionKeeper
 from scheduler.reaper import Reaper
+from scheduler.relay import RelayConfig, WebhookRelay
 from scheduler.sweeper import Sweeper
 
 log = logging.getLogger("paycron.scheduler")
@@ -33,6 +36,7 @@ def main() -> None:
     from tasks import broker, config, execute_payments
     from tasks.execute import encode_claims
 
+    serve_metrics(config.metrics_port, component="scheduler")
     client = redis.Redis.from_url(config.redis_url or "redis://127.0.0.1:6379/0")
     pool = make_pool(config, max_size=4, name="scheduler")
     queue_key = f"{broker.namespace}:{config.queue_name}"
@@ -48,6 +52,11 @@ def main() -> None:
                       queued_claims=queued_claims)
     reaper = Reaper(config=config, pool=pool)
     keeper = PartitionKeeper(config=config, pool=pool)
+    # Webhooks in their own thread and pool: a slow endpoint never delays a sweep.
+    relay_config = RelayConfig(allow_private_hosts=config.webhook_allow_private_hosts)
+    relay = WebhookRelay(pool=make_pool(config, max_size=relay_config.pool_size, name="relay"),
+                         config=relay_config)
+    relay.start()
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
@@ -71,6 +80,8 @@ def main() -> None:
             continue
         # Sleep only when the sweep came back short (drained or paced).
         time.sleep(config.sweep_interval_seconds)
+    relay.close()
+    relay.pool.close()
     pool.close()
 
 

@@ -100,7 +100,8 @@ def config(database_url, redis_url, request) -> Config:
         gateway_url = request.getfixturevalue("gateway").url
     return Config(database_url=database_url, redis_url=redis_url, redis_namespace=namespace,
                   gateway_url=gateway_url, gateway_timeout_seconds=2, lease_seconds=30,
-                  retry_delays=(0.0, 0.0, 0.0, 0.0, 0.0), circuit_min_calls=1000)
+                  retry_delays=(0.0, 0.0, 0.0, 0.0, 0.0), circuit_min_calls=1000,
+                  webhook_allow_private_hosts=True)  # the test receivers are on loopback
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 from paycron.ids import new_payment_id
@@ -37,3 +38,12 @@ def bulk_insert(conn, n: int, *, due_at: datetime | None = None, payer: str = "a
             due = due_at - timedelta(microseconds=i)
             amount = amount_minor or 100 + i % 10_000
             copy.write_row((new_payment_id(due), due, payer, "shop", amount, "USD", due))
+
+
+def insert_event(conn, payer: str = "alice", type: str = "payment.created",
+              status: str = "PENDING") -> int:
+    """One payment_events row, committed unless ``conn`` is in a transaction."""
+    return conn.execute(
+        "INSERT INTO payment_events (payment_id, payer, type, status, attempt)"
+        " VALUES (%s, %s, %s, %s, 0) RETURNING id",
+        (uuid.uuid4(), payer, type, status)).fetchone()["id"]

@@ -19,6 +19,7 @@ from paycron.errors import NotFound, ValidationFailed
 from paycron.ids import parse_payment_id
 from paycron.payments import NewPayment
 from web.auth import require_key
+from web.bodies import json_object
 from web.problems import Problem
 from web.schemas import (
     CreatePaymentSchema,
@@ -53,17 +54,6 @@ def _idempotency_key() -> str:
     return key
 
 
-def _json_object() -> dict:
-    if not request.mimetype or request.mimetype != "application/json":
-        raise Problem(415, "UNSUPPORTED_MEDIA_TYPE", "send Content-Type: application/json")
-    body = request.get_json(silent=True)  # may raise 413 first: the body is read here
-    if body is None:
-        raise Problem(400, "INVALID_JSON", "the request body is not valid JSON")
-    if not isinstance(body, dict):
-        raise Problem(400, "INVALID_JSON", "the request body must be a JSON object")
-    return body
-
-
 def _validated(body: dict) -> NewPayment:
     config = _config()
     try:
@@ -91,7 +81,7 @@ def _created(payment: dict, replayed: bool):
 @require_key
 def create():
     actor = g.principal.actor
-    body = _json_object()
+    body = json_object()
     key = _idempotency_key()
     body_hash = payments.request_hash(body)
     with _pool().connection() as conn:

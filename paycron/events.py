@@ -1,0 +1,50 @@
+"""The payment events outbox, read as a feed: each payer's events in
+``(txid, id)`` order, resumable from any position, never skipping one whose
+transaction committed late (see ``events.sql``). The API's ``/v1/events``
+and the webhook relay both read it this way and send the same JSON.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import NamedTuple
+
+from psycopg import Connection
+
+from paycron.sql import q
+
+
+class Position(NamedTuple):
+    """A place in a payer's feed: the last event read (its txid and id)."""
+
+    txid: int
+    event_id: int
+
+
+#: Before every event.
+START = Position(0, 0)
+
+
+def position_of(event: dict) -> Position:
+    return Position(int(event["txid"]), event["id"])
+
+
+def read_feed(conn: Connection, *, payer: str, after: Position, limit: int) -> list[dict]:
+    """Up to ``limit`` of ``payer``'s events after ``after``, oldest first."""
+    return conn.execute(q("events_after"), {
+        "payer": payer, "after_txid": str(after.txid), "after_id": after.event_id,
+        "limit": limit,
+    }).fetchall()
+
+
+def to_wire(event: dict) -> dict:
+    """An event as clients see it, in the feed and in webhook bodies."""
+    return {
+        "id": event["id"],
+        "type": event["type"],
+        "paymentId": str(event["payment_id"]),
+        "status": event["status"],
+        "attempt": event["attempt"],
+        "data": event["data"],
+        "createdAt": event["created_at"].astimezone(UTC).isoformat(),
+    }

@@ -1,0 +1,104 @@
+-- Webhook endpoints and their delivery streams.
+--
+-- Each endpoint is an ordered stream of its payer's events, read like the
+-- events feed (txid below the snapshot's xmin, (txid, id) order) from the
+-- cursor stored on the endpoint row. A relay claims an endpoint with a lease
+-- (FOR UPDATE SKIP LOCKED, so relays take disjoint sets), commits, makes its
+-- HTTP calls outside any transaction, and moves the cursor one statement per
+-- event, fenced on its lease_owner: a relay whose lease ran out moves nothing.
+
+-- name: webhook_endpoint_create
+-- A new endpoint; its stream starts at its creation (the table's defaults).
+INSERT INTO webhook_endpoints (actor, url, secret)
+VALUES (%(actor)s, %(url)s, %(secret)s)
+RETURNING id, url, secret, created_at;
+
+-- name: webhook_endpoints_of
+-- A payer's live endpoints, oldest first (never the secret).
+SELECT id, url, created_at FROM webhook_endpoints
+WHERE actor = %(actor)s AND deleted_at IS NULL
+ORDER BY created_at, id;
+
+-- name: webhook_endpoint_delete
+-- Soft delete, scoped to its payer; repeating it changes nothing.
+UPDATE webhook_endpoints SET deleted_at = coalesce(deleted_at, now())
+WHERE id = %(id)s AND actor = %(actor)s
+RETURNING id;
+
+-- name: webhook_claim_endpoints
+-- Lease up to %(limit)s live endpoints that have an event to send and are
+-- not backing off, least recently served first.
+WITH due AS (
+    SELECT w.id FROM webhook_endpoints w
+    WHERE w.deleted_at IS NULL AND w.next_attempt_at <= now()
+      AND (w.lease_until IS NULL OR w.lease_until < now())
+      AND EXISTS (
+          SELECT 1 FROM payment_events e
+          WHERE e.payer = w.actor
+            AND (e.txid, e.id) > (w.cursor_txid, w.cursor_event_id)
+            AND e.txid < pg_snapshot_xmin(pg_current_snapshot())
+            AND NOT pg_visible_in_snapshot(e.txid, w.created_snapshot))
+    ORDER BY w.next_attempt_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE webhook_endpoints w
+SET lease_until = now() + make_interval(secs => %(lease_seconds)s),
+    lease_owner = gen_random_uuid()
+FROM due
+WHERE w.id = due.id
+RETURNING w.id, w.url, w.secret, w.lease_owner;
+
+-- name: webhook_pending_events
+-- The next events of a leased endpoint's stream, with the attempts each has
+-- had at this endpoint so far (only the head of a stream has any).
+SELECT e.id, e.txid::text AS txid, e.payment_id, e.type, e.status, e.attempt, e.data,
+       e.created_at, coalesce(d.attempts, 0) AS attempts
+FROM webhook_endpoints w
+JOIN payment_events e
+  ON e.payer = w.actor AND (e.txid, e.id) > (w.cursor_txid, w.cursor_event_id)
+LEFT JOIN webhook_deliveries d ON d.endpoint_id = w.id AND d.event_id = e.id
+WHERE w.id = %(endpoint_id)s AND w.lease_owner = %(lease_owner)s
+  AND e.txid < pg_snapshot_xmin(pg_current_snapshot())
+  AND NOT pg_visible_in_snapshot(e.txid, w.created_snapshot)
+ORDER BY e.txid, e.id
+LIMIT %(limit)s;
+
+-- name: webhook_record_delivered
+-- A 2xx: the delivery recorded (it happened, lease or not) and the cursor
+-- moved past the event if the lease still holds. No row back: lease lost.
+WITH delivery AS (
+    INSERT INTO webhook_deliveries AS d
+        (endpoint_id, event_id, attempts, last_status, delivered_at)
+    VALUES (%(endpoint_id)s, %(event_id)s, 1, %(status)s, now())
+    ON CONFLICT (endpoint_id, event_id) DO UPDATE
+    SET attempts = d.attempts + 1, last_status = excluded.last_status, last_error = NULL,
+        last_attempt_at = now(), delivered_at = coalesce(d.delivered_at, now())
+)
+UPDATE webhook_endpoints
+SET cursor_txid = %(txid)s::xid8, cursor_event_id = %(event_id)s
+WHERE id = %(endpoint_id)s AND lease_owner = %(lease_owner)s
+RETURNING deleted_at IS NULL AS live;
+
+-- name: webhook_record_failed
+-- A non-2xx or no answer: the attempt recorded, the endpoint backs off and
+-- its lease is released; the same event heads the stream next time.
+WITH delivery AS (
+    INSERT INTO webhook_deliveries AS d
+        (endpoint_id, event_id, attempts, last_status, last_error)
+    VALUES (%(endpoint_id)s, %(event_id)s, 1, %(status)s, %(error)s)
+    ON CONFLICT (endpoint_id, event_id) DO UPDATE
+    SET attempts = d.attempts + 1, last_status = excluded.last_status,
+        last_error = excluded.last_error, last_attempt_at = now()
+)
+UPDATE webhook_endpoints
+SET next_attempt_at = now() + make_interval(secs => %(delay)s),
+    lease_until = NULL, lease_owner = NULL
+WHERE id = %(endpoint_id)s AND lease_owner = %(lease_owner)s;
+
+-- name: webhook_release_endpoint
+-- The lease handed back after a batch; the endpoint goes to the back of the
+-- claim order.
+UPDATE webhook_endpoints
+SET lease_until = NULL, lease_owner = NULL, next_attempt_at = now()
+WHERE id = %(endpoint_id)s AND lease_owner = %(lease_owner)s;

@@ -1,0 +1,250 @@
+"""The webhook relay: each payer's events, POSTed to each of its endpoints.
+
+Per endpoint, an ordered stream from its creation on, delivered at least
+once: the cursor (txid, id) on the endpoint row moves past an event only
+after a 2xx. Any other answer, or none within the timeout, backs that
+endpoint off (1 s doubling to 10 min, ±20% jitter: ``DEFAULT_BACKOFF_*``;
+retried for as long as the endpoint exists) and the same event
+heads its stream next time. Every attempt is a ``webhook_deliveries`` row.
+
+Any number of relays run (one thread in each scheduler process): an
+endpoint is claimed with a lease (``FOR UPDATE SKIP LOCKED``), no
+transaction is held across an HTTP call, and cursor moves are fenced on the
+lease. Endpoints are served concurrently by a small thread pool with a short
+per-request timeout, and the next endpoint is claimed as soon as a worker is
+free, so a slow or dead endpoint delays only itself.
+
+Each request: ``POST <url>`` with the event as JSON (the ``/v1/events``
+shape) and the headers
+
+    Content-Type: application/json
+    Paycron-Event-Id: <event id>
+    Paycron-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, f"{t}.{body}")>
+
+keyed with the endpoint's secret (the whole ``whsec_...`` string) over the
+exact body bytes; a retry is signed anew with its own ``t``. Redirects are
+not followed (a 3xx is a failure). Receivers should verify the signature in
+constant time, refuse a ``t`` older than a few minutes, and de-duplicate on
+``Paycron-Event-Id`` (at least once means a rare repeat).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import urllib3
+from psycopg_pool import ConnectionPool
+
+from paycron import webhooks
+from paycron.errors import ConfigError
+from paycron.events import to_wire
+from paycron.webhooks import Lease, Recorded
+
+log = logging.getLogger("paycron.relay")
+
+#: Endpoints served at once (threads); also the claim batch.
+DEFAULT_CONCURRENCY = 8
+#: One request's limit: a hung endpoint costs a worker this long, then backs off.
+DEFAULT_TIMEOUT_SECONDS = 5.0
+#: Events sent per claim before the endpoint goes to the back of the queue.
+DEFAULT_BATCH = 100
+#: A claim's lease; sends start only in its first half (see ``_serve``).
+DEFAULT_LEASE_SECONDS = 60.0
+#: Idle poll: how soon a new event is noticed when nothing is in flight.
+DEFAULT_POLL_SECONDS = 0.5
+#: After a failed delivery: this, doubling per attempt, capped, ± jitter.
+DEFAULT_BACKOFF_BASE_SECONDS = 1.0
+DEFAULT_BACKOFF_MAX_SECONDS = 600.0
+DEFAULT_BACKOFF_JITTER = 0.2
+#: Response bytes read (for keep-alive); a longer body drops the connection.
+_MAX_RESPONSE_BYTES = 4096
+#: After a failed claim (database down), wait this long before the next.
+_ERROR_PAUSE_SECONDS = 5.0
+_USER_AGENT = "paycron-webhooks/1"
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    concurrency: int = DEFAULT_CONCURRENCY
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    batch: int = DEFAULT_BATCH
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    poll_seconds: float = DEFAULT_POLL_SECONDS
+    backoff_base_seconds: float = DEFAULT_BACKOFF_BASE_SECONDS
+    backoff_max_seconds: float = DEFAULT_BACKOFF_MAX_SECONDS
+    backoff_jitter: float = DEFAULT_BACKOFF_JITTER
+    #: WEBHOOK_ALLOW_PRIVATE_HOSTS: deliver to loopback/private addresses too.
+    allow_private_hosts: bool = False
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.batch < 1:
+            raise ConfigError("relay concurrency and batch must be >= 1")
+        if self.timeout_seconds * 4 > self.lease_seconds:
+            raise ConfigError("relay timeout must be <= lease / 4: a send starts only in the "
+                              "first half of the lease and must end inside it")
+        if not 0 <= self.backoff_jitter < 1:
+            raise ConfigError("relay backoff jitter must be in [0, 1)")
+
+    @property
+    def pool_size(self) -> int:
+        """Database connections the relay can use at once: the claim plus one per worker."""
+        return self.concurrency + 1
+
+
+@dataclass
+class RelayCounts:
+    endpoints: int = 0
+    delivered: int = 0
+    failed: int = 0
+
+    def add(self, other: RelayCounts) -> None:
+        self.endpoints += other.endpoints
+        self.delivered += other.delivered
+        self.failed += other.failed
+
+
+class WebhookRelay:
+    def __init__(self, *, pool: ConnectionPool, config: RelayConfig | None = None,
+                 rng: random.Random | None = None):
+        self.pool = pool
+        self.config = config or RelayConfig()
+        self._rng = rng or random.Random()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._executor = ThreadPoolExecutor(max_workers=self.config.concurrency,
+                                            thread_name_prefix="webhook")
+        timeout = self.config.timeout_seconds
+        self._http = urllib3.PoolManager(
+            num_pools=64, maxsize=self.config.concurrency, block=False, retries=False,
+            timeout=urllib3.Timeout(connect=min(timeout, 3.0), read=timeout),
+        )
+
+    def run_once(self) -> RelayCounts:
+        """Claim endpoints with events to send and serve them, concurrently,
+        until a claim comes back short."""
+        counts = RelayCounts()
+        while True:
+            leases = self._claim(self.config.concurrency)
+            for served in self._executor.map(self._serve, leases):
+                counts.add(served)
+            if len(leases) < self.config.concurrency:
+                return counts
+
+    def run(self) -> None:
+        """Deliver until :meth:`stop`. A worker is given a new endpoint as soon
+        as it is free, never held back by a slow one elsewhere."""
+        running: set[Future] = set()
+        while not self._stopping.is_set():
+            finished = {f for f in running if f.done()}
+            running -= finished
+            for future in finished:
+                if future.exception() is not None:
+                    log.error("webhook delivery failed", exc_info=future.exception())
+            free = self.config.concurrency - len(running)
+            try:
+                leases = self._claim(free) if free else []
+            except Exception:  # a database outage: log, back off, go on
+                log.exception("webhook relay claim failed")
+                self._stopping.wait(_ERROR_PAUSE_SECONDS)
+                continue
+            running |= {self._executor.submit(self._serve, lease) for lease in leases}
+            if running:
+                wait(running, timeout=self.config.poll_seconds, return_when=FIRST_COMPLETED)
+            else:
+                self._stopping.wait(self.config.poll_seconds)
+        wait(running)
+
+    def start(self) -> threading.Thread:
+        """:meth:`run` in a daemon thread of its own (the scheduler's way)."""
+        self._thread = threading.Thread(target=self.run, name="webhook-relay", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def close(self) -> None:
+        """Stop, let deliveries in flight finish (each within its timeout), free threads."""
+        self.stop()
+        if self._thread is not None:
+            self._thread.join()
+        self._executor.shutdown(wait=True)
+        self._http.clear()
+
+    def _claim(self, limit: int) -> list[Lease]:
+        with self.pool.connection() as conn:
+            return webhooks.claim_endpoints(conn, limit=limit,
+                                            lease_seconds=self.config.lease_seconds)
+
+    def _serve(self, lease: Lease) -> RelayCounts:
+        """Send one endpoint's next events in order, stopping at the first
+        failure. A send starts only while a whole timeout still fits in the
+        first half of the lease, so it always ends while the lease holds."""
+        counts = RelayCounts(endpoints=1)
+        send_until = time.monotonic() + self.config.lease_seconds / 2
+        with self.pool.connection() as conn:
+            events = webhooks.pending_events(conn, lease, limit=self.config.batch)
+        for event in events:
+            if self._stopping.is_set() \
+                    or time.monotonic() + self.config.timeout_seconds > send_until:
+                break
+            status, error = self._post(lease, event)
+            if status is None or not 200 <= status < 300:
+                self._back_off(lease, event, status, error)
+                counts.failed += 1
+                return counts  # released by the back-off
+            counts.delivered += 1
+            with self.pool.connection() as conn:
+                recorded = webhooks.record_delivered(conn, lease, event, status)
+            if recorded is Recorded.LEASE_LOST:
+                log.warning("webhook lease lost: endpoint %s", lease.endpoint_id)
+                return counts
+            if recorded is Recorded.DELETED:
+                break
+        with self.pool.connection() as conn:
+            webhooks.release(conn, lease)
+        return counts
+
+    def _back_off(self, lease: Lease, event: dict, status: int | None, error: str) -> None:
+        config = self.config
+        delay = webhooks.backoff(event["attempts"] + 1, base=config.backoff_base_seconds,
+                                 cap=config.backoff_max_seconds, jitter=config.backoff_jitter,
+                                 rng=self._rng)
+        with self.pool.connection() as conn:
+            webhooks.record_failed(conn, lease, event, status=status, error=error, delay=delay)
+        log.info("webhook to endpoint %s failed (%s), retry in %.1fs",
+                 lease.endpoint_id, error, delay)
+
+    def _post(self, lease: Lease, event: dict) -> tuple[int | None, str | None]:
+        """(HTTP status or None, error or None) for one signed POST."""
+        if not self.config.allow_private_hosts:
+            reason = webhooks.forbidden_destination(lease.url)
+            if reason:
+                return None, "forbidden_destination"
+        body = json.dumps(to_wire(event), separators=(",", ":")).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": _USER_AGENT,
+            webhooks.EVENT_ID_HEADER: str(event["id"]),
+            webhooks.SIGNATURE_HEADER: webhooks.signature(lease.secret, int(time.time()), body),
+        }
+        try:
+            response = self._http.request("POST", lease.url, body=body, headers=headers,
+                                          redirect=False, preload_content=False)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return None, type(exc).__name__
+        try:
+            if len(response.read(_MAX_RESPONSE_BYTES)) < _MAX_RESPONSE_BYTES:
+                response.release_conn()  # read to the end: keep the connection alive
+            else:
+                response.close()
+        except (urllib3.exceptions.HTTPError, OSError):
+            response.close()  # the status line arrived; the body is not ours to judge
+        status = response.status
+        return status, None if 200 <= status < 300 else f"http_{status}"
