@@ -84,8 +84,9 @@ def gateway_args(port: int) -> list[str]:
 
 
 def web_args(port: int, workers: int = 2, threads: int = 8) -> list[str]:
+    """The Procfile's web command (keep in step with it)."""
     return ["-m", "gunicorn", "--no-control-socket", "--worker-class", "gthread",
-            "--workers", str(workers), "--threads", str(threads),
+            "--workers", str(workers), "--threads", str(threads), "--keep-alive", "0",
             "--bind", f"127.0.0.1:{port}", "web:create_app()"]
 
 
