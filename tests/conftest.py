@@ -87,6 +87,16 @@ def gateway(gateway_server) -> GatewayHandle:
 
 
 @pytest.fixture
+def engine(config, gateway):
+    """Sweeper, executor and reaper in-process against the real gateway."""
+    from tests.engine import Engine
+
+    eng = Engine(config)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
 def redis_client(redis_url):
     return redis_lib.Redis.from_url(redis_url)
 

@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 from paycron.transitions import Claim
-from tests.engine import Engine
 from tests.factories import insert_payment
 
 DECLINE, ALWAYS_503 = 40002, 50003
-
-
-@pytest.fixture
-def engine(config, gateway):
-    eng = Engine(config)
-    yield eng
-    eng.close()
 
 
 def payment(conn, payment_id):

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 from paycron import transitions
 from paycron.enums import Outcome, Status
 from paycron.gateway_client import CallResult
 from paycron.retry import Decision
 from paycron.transitions import Claim, Finished
-from tests.engine import Engine
 from tests.factories import insert_payment
-
-
-@pytest.fixture
-def engine(config, gateway):
-    eng = Engine(config)
-    yield eng
-    eng.close()
 
 
 def expire(conn, payment_id):

@@ -10,9 +10,9 @@ from flask import Blueprint, current_app, g, jsonify, request
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from paycron import dead_letters
-from paycron.errors import NotFound, ValidationFailed
-from paycron.ids import parse_payment_id
+from paycron.errors import ValidationFailed
 from web.auth import require_admin
+from web.bodies import payment_id_or_404
 from web.schemas import AttemptSchema, PaymentSchema
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin/dead-letters")
@@ -37,6 +37,12 @@ class DismissSchema(Schema):
 
 
 _letter = DeadLetterSchema()
+
+
+def _letter_id(text: str):
+    return payment_id_or_404(text, "no dead letter for this payment")
+
+
 _letters = DeadLetterSchema(many=True)
 _payment = PaymentSchema()
 _attempts = AttemptSchema(many=True)
@@ -45,13 +51,6 @@ _dismiss = DismissSchema()
 
 def _pool():
     return current_app.extensions["paycron.pool"]
-
-
-def _payment_id(text: str):
-    payment_id = parse_payment_id(text)
-    if payment_id is None:
-        raise NotFound("no dead letter for this payment")
-    return payment_id
 
 
 @bp.get("")
@@ -69,7 +68,7 @@ def index():
 @require_admin
 def show(payment_id: str):
     with _pool().connection() as conn:
-        found = dead_letters.show(conn, _payment_id(payment_id))
+        found = dead_letters.show(conn, _letter_id(payment_id))
     return jsonify({"payment": _payment.dump(found["payment"]),
                     "deadLetters": _letters.dump(found["dead_letters"])})
 
@@ -77,7 +76,7 @@ def show(payment_id: str):
 def _action(action, payment_id: str, **kwargs):
     gateway = current_app.extensions["paycron.gateway"]
     with _pool().connection() as conn:
-        result = action(conn, gateway, _payment_id(payment_id), actor=g.principal.actor,
+        result = action(conn, gateway, _letter_id(payment_id), actor=g.principal.actor,
                         **kwargs)
     return jsonify({"paymentId": str(result.payment_id), "action": result.action,
                     "detail": result.detail})

@@ -16,10 +16,9 @@ from marshmallow import ValidationError
 
 from paycron import payments, transitions
 from paycron.errors import NotFound, ValidationFailed
-from paycron.ids import parse_payment_id
 from paycron.payments import NewPayment
 from web.auth import require_key
-from web.bodies import json_object
+from web.bodies import json_object, payment_id_or_404
 from web.problems import Problem
 from web.schemas import (
     CreatePaymentSchema,
@@ -98,18 +97,11 @@ def create():
     return _created(created.payment, created.replayed)
 
 
-def _payment_id(text: str) -> uuid.UUID:
-    payment_id = parse_payment_id(text)
-    if payment_id is None:
-        raise NotFound("no such payment")
-    return payment_id
-
-
 @bp.get("/<payment_id>")
 @require_key
 def show(payment_id: str):
     with _pool().connection() as conn:
-        row = payments.get_payment(conn, _payment_id(payment_id), actor=g.principal.actor)
+        row = payments.get_payment(conn, payment_id_or_404(payment_id), actor=g.principal.actor)
     if row is None:
         raise NotFound("no such payment")
     return jsonify(_payment.dump(row))
@@ -118,7 +110,7 @@ def show(payment_id: str):
 @bp.delete("/<payment_id>")
 @require_key
 def cancel(payment_id: str):
-    pid = _payment_id(payment_id)
+    pid = payment_id_or_404(payment_id)
     with _pool().connection() as conn:
         transitions.cancel(conn, pid, actor=g.principal.actor)
     return jsonify({"id": str(pid), "status": "CANCELLED"})
