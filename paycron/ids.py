@@ -16,6 +16,8 @@ from datetime import UTC, datetime, timedelta
 
 _ONE_MS = timedelta(milliseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The last millisecond a datetime can hold (9999-12-31T23:59:59.999Z).
+_LAST_MILLI = (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC) - _EPOCH) // _ONE_MS
 
 
 def new_payment_id(due_at: datetime) -> uuid.UUID:
@@ -44,5 +46,7 @@ def parse_payment_id(text: str) -> uuid.UUID | None:
     except (ValueError, TypeError, AttributeError):
         return None
     if value.version != 7 or str(value) != text.lower():
+        return None
+    if value.int >> 80 > _LAST_MILLI:  # a time past the calendar: no such payment
         return None
     return value

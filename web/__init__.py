@@ -8,9 +8,12 @@ from datetime import datetime
 import redis
 from flask import Flask
 
+from paycron.breaker import CircuitBreaker
 from paycron.config import Config
 from paycron.db import make_pool
-from web import health, payments
+from paycron.gateway_client import HttpGateway
+from paycron.observability import init_sentry
+from web import admin, events, health, metrics, openapi, payments, webhooks
 from web.problems import register_error_handlers
 from web.schemas import now_utc
 
@@ -18,6 +21,7 @@ from web.schemas import now_utc
 def create_app(config: Config | None = None, clock: Callable[[], datetime] = now_utc) -> Flask:
     """The composition root of the web process. ``clock`` is for tests."""
     config = config or Config.from_env()
+    init_sentry(config, component="web")
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.sort_keys = False
@@ -28,7 +32,16 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
         redis.Redis.from_url(config.redis_url, socket_timeout=2, socket_connect_timeout=2)
         if config.redis_url else None
     )
+    app.extensions["paycron.gateway"] = HttpGateway(
+        config.gateway_url, timeout=config.gateway_timeout_seconds, max_connections=4)
+    breaker = (CircuitBreaker(app.extensions["paycron.redis"], config)
+               if app.extensions["paycron.redis"] is not None else None)
     register_error_handlers(app)
+    metrics.install(app, breaker=breaker)
     app.register_blueprint(health.bp)
     app.register_blueprint(payments.bp)
+    app.register_blueprint(admin.bp)
+    app.register_blueprint(events.bp)
+    app.register_blueprint(webhooks.bp)
+    app.register_blueprint(openapi.bp)
     return app

@@ -12,8 +12,8 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate
 from paycron import dead_letters
 from paycron.errors import ValidationFailed
 from web.auth import require_admin
-from web.bodies import payment_id_or_404
-from web.schemas import AttemptSchema, PaymentSchema
+from web.bodies import json_object, payment_id_or_404
+from web.schemas import NO_NUL, AttemptSchema, PaymentSchema
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin/dead-letters")
 
@@ -33,7 +33,9 @@ class DismissSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    note = fields.String(load_default=None, validate=validate.Length(max=1000))
+    note = fields.String(load_default=None, validate=[
+        validate.Length(max=1000),
+        validate.Regexp(NO_NUL, error="note must not contain U+0000")])
 
 
 _letter = DeadLetterSchema()
@@ -97,8 +99,10 @@ def refund(payment_id: str):
 @bp.post("/<payment_id>/dismiss")
 @require_admin
 def dismiss(payment_id: str):
+    # The body is optional; when there is one it must be a JSON object.
+    raw = json_object() if request.get_data() else {}
     try:
-        body = _dismiss.load(request.get_json(silent=True) or {})
+        body = _dismiss.load(raw)
     except ValidationError as exc:
         raise ValidationFailed(exc.normalized_messages()) from None
     return _action(lambda conn, _gateway, pid, **kw: dead_letters.dismiss(conn, pid, **kw),

@@ -9,6 +9,7 @@ from werkzeug.exceptions import HTTPException
 from paycron.errors import (
     CancelRefused,
     DeadLetterActionRefused,
+    GatewayError,
     IdempotencyKeyReused,
     NotFound,
     PaycronError,
@@ -23,6 +24,7 @@ _STATUS_BY_ERROR: list[tuple[type[PaycronError], int]] = [
     (IdempotencyKeyReused, 409),
     (CancelRefused, 409),
     (DeadLetterActionRefused, 409),
+    (GatewayError, 502),
 ]
 
 #: Codes for errors Flask/werkzeug raise before a view runs.
@@ -83,7 +85,12 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def _http(error: HTTPException):
         status = error.code or 500
-        return problem_response(status, _HTTP_CODES.get(status, "HTTP_ERROR"), error.description)
+        response = problem_response(status, _HTTP_CODES.get(status, "HTTP_ERROR"),
+                                    error.description)
+        valid_methods = getattr(error, "valid_methods", None)
+        if valid_methods:  # a 405 must say what is allowed (RFC 9110 §15.5.6)
+            response.headers["Allow"] = ", ".join(sorted(valid_methods))
+        return response
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception):
