@@ -287,6 +287,14 @@ class Soak:
             db = conn.execute(CHECKS["soak_counts"], {"until": self._until()}).fetchone()
         completed_sum = sum(r["amount_minor"] for r in rows.values()
                             if r["status"] == "COMPLETED")
+        outcomes: dict[str, int] = {}
+        for r in rows.values():
+            name = r["status"] + (f" {r['failure_reason']}" if r["failure_reason"] else "")
+            outcomes[name] = outcomes.get(name, 0) + 1
+        print("final states: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+        print(f"gateway: {stats['charge_requests']} charge requests, {len(succeeded)} charges, "
+              f"{stats.get('rate_limited', 0)} 429s, {stats.get('dropped', 0)} dropped after "
+              f"charging, {stats.get('timeouts', 0)} timeouts, {stats.get('errors', 0)} 5xx")
         charged_not_completed = [c for c in succeeded
                                  if rows.get(c["reference"], {}).get("status") != "COMPLETED"]
         cancelled_charged = [c for c in ledger
@@ -303,9 +311,12 @@ class Soak:
              db["parked_without_letter"] == 0),
             ("FAILED without a reason", db["failed_without_reason"],
              db["failed_without_reason"] == 0),
-            ("gateway calls without an attempt row (calls - call rows)",
-             max(0, stats["charge_requests"] - db["call_rows"]),
-             db["call_rows"] >= stats["charge_requests"] - db["lease_expired_rows"]),
+            # A call cut off by a kill has its row marked LEASE_EXPIRED, not an outcome.
+            ("gateway calls without an attempt row",
+             max(0, stats["charge_requests"] - db["call_rows"] - db["lease_expired_rows"]),
+             db["call_rows"] + db["lease_expired_rows"] >= stats["charge_requests"]),
+            ("attempt rows marked LEASE_EXPIRED (call cut off or never made)",
+             db["lease_expired_rows"], True),
             ("attempt rows left IN_FLIGHT (unmarked)", db["in_flight"], db["in_flight"] == 0),
             ("sum charged - sum COMPLETED (minor units)",
              sum(c["amount"] for c in succeeded) - completed_sum,
