@@ -38,7 +38,6 @@ class DismissSchema(Schema):
         validate.Regexp(NO_NUL, error="note must not contain U+0000")])
 
 
-_letter = DeadLetterSchema()
 
 
 def _letter_id(text: str):
