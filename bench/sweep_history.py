@@ -105,35 +105,16 @@ def explain_summary(conn) -> str:
     try:
         with conn.transaction():
             plan = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("claim_due"),
-                {"limit": 10, "lease_seconds": 120, "now": datetime.now(UTC)},
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("lock_due"),
+                {"limit": 10, "now": datetime.now(UTC)},
             ).fetchone()
             raise Rollback(plan)
     except Rollback as done:
         (row,) = done.args
     top = next(iter(row.values()))[0]
     shared = top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0)
-    return (f"planning {top['Planning Time']:.2f} ms, execution {top['Execution Time']:.2f} ms, "
-            f"{shared} shared buffers; the UPDATE {update_join(top['Plan'])}")
-
-
-def _nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
-
-
-def update_join(plan: dict) -> str:
-    """How the claim's UPDATE finds its rows: the join under the ModifyTable
-    node and how many rows of payments it read to do so."""
-    for node in _nodes(plan):
-        if node["Node Type"] == "ModifyTable" and node.get("Operation") == "Update":
-            join = node["Plans"][0]
-            scanned = max((n.get("Actual Rows", 0) * n.get("Actual Loops", 1)
-                           for n in _nodes(join) if n["Node Type"] in ("Append", "Merge Append")),
-                          default=0)
-            return f"joins by {join['Node Type']}, reading {scanned} payments rows"
-    return "(no UPDATE node found)"
+    return (f"the claim's lock step: planning {top['Planning Time']:.2f} ms, execution "
+            f"{top['Execution Time']:.2f} ms, {shared} shared buffers")
 
 
 def percentile(values: list[float], p: float) -> float:

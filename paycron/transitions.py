@@ -84,10 +84,21 @@ def cancel(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> None:
 
 
 def claim_due(conn: Connection, *, limit: int, lease_seconds: float) -> list[Claim]:
-    """PENDING -> PROCESSING for up to ``limit`` due rows (lease, attempt + 1)."""
-    rows = conn.execute(q("claim_due"), {
-        "limit": limit, "lease_seconds": lease_seconds, "now": datetime.now(UTC),
-    }, prepare=True).fetchall()
+    """PENDING -> PROCESSING for up to ``limit`` due rows (lease, attempt + 1).
+
+    Two statements in one transaction: lock the due rows (SKIP LOCKED), then
+    claim exactly those. The commit is the claim: a crash before it claims
+    nothing; after it, the leases cover the rows.
+    """
+    with conn.transaction():
+        locked = conn.execute(q("lock_due"), {"limit": limit, "now": datetime.now(UTC)},
+                              prepare=True).fetchall()
+        if not locked:
+            return []
+        rows = conn.execute(q("claim_locked"), {
+            "ids": [r["id"] for r in locked], "due_ats": [r["due_at"] for r in locked],
+            "lease_seconds": lease_seconds,
+        }, prepare=True).fetchall()
     for r in rows:
         log_transition(r["id"], Status.PENDING, Status.PROCESSING, attempt=r["attempt"])
     return [Claim(r["id"], r["due_at"], r["attempt"]) for r in rows]

@@ -19,28 +19,39 @@ WITH cancelled AS (
 )
 SELECT id FROM cancelled;
 
--- name: claim_due
--- PENDING -> PROCESSING for up to %(limit)s due rows, oldest run_at first.
+-- name: lock_due
+-- The claim, step 1 (one transaction with claim_locked): lock up to
+-- %(limit)s due PENDING rows, oldest run_at first. SKIP LOCKED: concurrent
+-- sweepers take disjoint batches without waiting on each other.
 -- due_at <= %(now)s is implied by run_at <= now() but, being a parameter,
 -- lets Postgres prune every future partition at PLAN time: with now() it
 -- prunes only at run time, after locking and planning all ~375 partitions
 -- (1,878 locks per claim instead of 13, measured on PostgreSQL 15).
--- SKIP LOCKED: concurrent sweepers take disjoint batches without waiting.
-WITH due AS (
-    SELECT id, due_at FROM payments
-    WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s
-    ORDER BY run_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+SELECT id, due_at FROM payments
+WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s
+ORDER BY run_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: claim_locked
+-- The claim, step 2: PENDING -> PROCESSING for the rows step 1 locked,
+-- stamping a lease and attempt + 1, with their events. A separate statement
+-- naming the rows (not an UPDATE joined to the locking subquery) because,
+-- beside millions of terminal rows, the planner turned that join into a hash
+-- join reading every due row through the sweep index for a 10-row claim
+-- (bench/sweep_history.py); and due_at = ANY(...) plans only the claimed
+-- rows' partitions.
+WITH locked AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[]) AS l(id, due_at)
 ), claimed AS (
     UPDATE payments p
     SET status = 'PROCESSING',
         lease_until = now() + make_interval(secs => %(lease_seconds)s),
         attempt = p.attempt + 1,
         updated_at = now()
-    FROM due
-    WHERE p.id = due.id AND p.due_at = due.due_at AND p.status = 'PENDING'
-      AND p.due_at <= %(now)s
+    FROM locked l
+    WHERE p.id = l.id AND p.due_at = l.due_at AND p.status = 'PENDING'
+      AND p.due_at = ANY(%(due_ats)s::timestamptz[])
     RETURNING p.id, p.due_at, p.payer, p.attempt, p.run_at
 ), ev AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt)

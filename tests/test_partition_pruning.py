@@ -66,7 +66,7 @@ def test_hot_statements_lock_only_a_few_partitions(conn, row, name):
 
 def test_a_statement_on_now_would_lock_everything(conn):
     """The control: the same sweep written with now() locks every partition."""
-    sweep_on_now = q("claim_due").replace("%(now)s", "now()")
+    sweep_on_now = q("lock_due").replace("%(now)s", "now()")
     taken = locks_taken(conn, lambda: conn.execute(
         sweep_on_now, {"limit": 100, "lease_seconds": 30}))
     assert taken > 1000
