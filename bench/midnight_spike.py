@@ -14,17 +14,12 @@ from datetime import UTC, datetime, timedelta
 from bench.harness import System, charges_per_key, private_database, wait_until_settled
 from paycron.db import connect
 from paycron.sql import parse_blocks
+from paycron.stats import lateness
 from tests.factories import bulk_insert
 
+#: First attempts since this instant: all of them (the database is the run's own).
+ALL_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 QUERIES = parse_blocks("""
--- name: spike_lateness
--- Lateness percentiles of the spike's first attempts.
-SELECT count(*) AS n,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - due_at)) AS p50,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - due_at)) AS p99,
-       max(extract(epoch FROM started_at - due_at)) AS max
-FROM attempts WHERE attempt = 1;
-
 -- name: spike_expiries
 -- Lease expirations and 429 answers recorded in the attempts.
 SELECT count(*) FILTER (WHERE outcome = 'LEASE_EXPIRED') AS lease_expired,
@@ -55,7 +50,7 @@ def main() -> None:
                 bulk_insert(conn, args.payments, due_at=spike)
                 time.sleep(max(0.0, (spike - datetime.now(UTC)).total_seconds()))
                 drain = wait_until_settled(conn, args.payments, timeout=1800)
-                late = conn.execute(QUERIES["spike_lateness"]).fetchone()
+                late = lateness(conn, since=ALL_TIME)
                 counts = conn.execute(QUERIES["spike_expiries"]).fetchone()
                 expiries = conn.execute("SELECT count(*) AS n FROM payments "
                                         "WHERE lease_expiries > 0").fetchone()["n"]

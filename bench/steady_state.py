@@ -27,16 +27,11 @@ from paycron.config import Config
 from paycron.db import connect
 from paycron.ids import new_payment_id
 from paycron.sql import parse_blocks
+from paycron.stats import lateness
 
+#: First attempts since this instant: all of them (the database is the run's own).
+ALL_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 QUERIES = parse_blocks("""
--- name: lateness
--- First attempts' lateness (started_at - due_at) in seconds.
-SELECT count(*) AS n,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - due_at)) AS p50,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - due_at)) AS p99,
-       max(extract(epoch FROM started_at - due_at)) AS max
-FROM attempts WHERE attempt = 1;
-
 -- name: lateness_by_minute
 -- The same, per minute of the inflow (by due time).
 SELECT floor(extract(epoch FROM due_at - %(start)s) / 60)::int AS minute, count(*) AS n,
@@ -109,7 +104,7 @@ def main() -> None:
                           file=sys.stderr, flush=True)
                 tail = wait_until_settled(conn, total, timeout=600,
                                           until=end + timedelta(seconds=1))
-                late = conn.execute(QUERIES["lateness"]).fetchone()
+                late = lateness(conn, since=ALL_TIME)
                 by_minute = conn.execute(QUERIES["lateness_by_minute"],
                                          {"start": start}).fetchall()
                 counts = conn.execute(QUERIES["attempt_counts"]).fetchone()
