@@ -123,3 +123,9 @@ def charges_per_key(ledger: list[dict]) -> int:
     for charge in ledger:
         counts[charge["idempotency_key"]] = counts.get(charge["idempotency_key"], 0) + 1
     return max(counts.values(), default=0)
+
+
+def settled_counts(conn, until: datetime | None = None) -> dict:
+    """{completed, lease_expired} among payments due before ``until``."""
+    until = until or datetime.now(UTC) + timedelta(days=1)
+    return conn.execute(q("settled_counts"), {"until": until}).fetchone()

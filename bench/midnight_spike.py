@@ -11,7 +11,13 @@ import argparse
 import time
 from datetime import UTC, datetime, timedelta
 
-from bench.harness import System, charges_per_key, private_database, wait_until_settled
+from bench.harness import (
+    System,
+    charges_per_key,
+    private_database,
+    settled_counts,
+    wait_until_settled,
+)
 from paycron.db import connect
 from paycron.sql import parse_blocks
 from paycron.stats import lateness
@@ -52,8 +58,7 @@ def main() -> None:
                 drain = wait_until_settled(conn, args.payments, timeout=1800)
                 late = lateness(conn, since=ALL_TIME)
                 counts = conn.execute(QUERIES["spike_expiries"]).fetchone()
-                expiries = conn.execute("SELECT count(*) AS n FROM payments "
-                                        "WHERE lease_expiries > 0").fetchone()["n"]
+                expiries = settled_counts(conn)["lease_expired"]
             ledger = system.ledger()
             gateway = system.gateway_stats()
         finally:

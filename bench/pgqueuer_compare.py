@@ -40,7 +40,13 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from bench.harness import System, charges_per_key, private_database, wait_until_settled
+from bench.harness import (
+    System,
+    charges_per_key,
+    private_database,
+    settled_counts,
+    wait_until_settled,
+)
 from bench.throughput import SETTINGS, run_baseline, run_paycron
 from paycron.config import Config
 from paycron.db import connect
@@ -194,8 +200,7 @@ def run_pgqueuer(database_url: str, n: int, *, processes: int, threads: int, bat
                     raise RuntimeError(f"a pgqueuer worker exited; see {system.logdir}")
             enqueue_seconds = asyncio.run(_enqueue(database_url, payloads))
             seconds = wait_until_settled(conn, n, timeout=600)
-            completed = conn.execute("SELECT count(*) AS n FROM payments "
-                                     "WHERE status = 'COMPLETED'").fetchone()["n"]
+            completed = settled_counts(conn)["completed"]
         ledger = system.ledger()
     finally:
         system.stop()

@@ -22,7 +22,13 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 
-from bench.harness import System, charges_per_key, private_database, wait_until_settled
+from bench.harness import (
+    System,
+    charges_per_key,
+    private_database,
+    settled_counts,
+    wait_until_settled,
+)
 from paycron.config import Config
 from paycron.db import connect
 from paycron.ids import new_payment_id
@@ -110,8 +116,7 @@ def main() -> None:
                 counts = conn.execute(QUERIES["attempt_counts"]).fetchone()
                 statuses = {r["status"]: r["n"] for r in conn.execute(
                     "SELECT status, count(*) AS n FROM payments GROUP BY status")}
-                expiries = conn.execute("SELECT count(*) AS n FROM payments "
-                                        "WHERE lease_expiries > 0").fetchone()["n"]
+                expiries = settled_counts(conn)["lease_expired"]
             ledger = system.ledger()
             gateway = system.gateway_stats()
         finally:

@@ -11,7 +11,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.harness import System, charges_per_key, private_database, wait_until_settled
+from bench.harness import (
+    System,
+    charges_per_key,
+    private_database,
+    settled_counts,
+    wait_until_settled,
+)
 from paycron.config import Config
 from paycron.db import connect
 from paycron.sql import parse_blocks
@@ -36,8 +42,7 @@ def run_paycron(database_url: str, n: int, *, worker_processes: int, worker_thre
         with connect(system.config()) as conn:
             bulk_insert(conn, n)
             seconds = wait_until_settled(conn, n, timeout=600)
-            completed = conn.execute("SELECT count(*) AS n FROM payments "
-                                     "WHERE status = 'COMPLETED'").fetchone()["n"]
+            completed = settled_counts(conn)["completed"]
         ledger = system.ledger()
     finally:
         system.stop()

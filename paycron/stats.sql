@@ -61,3 +61,10 @@ SELECT
     -- The latest run of the most recent day reconciled: nonzero pages.
     (SELECT mismatches FROM reconciliation_runs
      ORDER BY day DESC, id DESC LIMIT 1) AS mismatches;
+
+-- name: settled_counts
+-- Completed payments and payments whose lease ever expired, among those due
+-- before %(until)s (the benchmarks' summary).
+SELECT count(*) FILTER (WHERE status = 'COMPLETED') AS completed,
+       count(*) FILTER (WHERE lease_expiries > 0) AS lease_expired
+FROM payments WHERE due_at < %(until)s;
