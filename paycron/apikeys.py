@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from psycopg import Connection
+from psycopg_pool import ConnectionPool
 
 from paycron.sql import q
 
@@ -46,11 +49,48 @@ def create_api_key(conn: Connection, actor: str, *, admin: bool = False) -> tupl
     return key, row
 
 
-def authenticate(conn: Connection, key: str) -> Principal | None:
-    row = conn.execute(q("find_api_key"), {"key_hash": hash_key(key)}, prepare=True).fetchone()
+def _find_principal(conn: Connection, key_hash: bytes) -> Principal | None:
+    row = conn.execute(q("find_api_key"), {"key_hash": key_hash}, prepare=True).fetchone()
     if row is None:
         return None
     return Principal(actor=row["actor"], scopes=tuple(row["scopes"]))
+
+
+class PrincipalCache:
+    """Keys a process has authenticated, trusted for ``ttl`` seconds.
+
+    Looking the key up costs a database round trip per request, as much as
+    the create itself; with the cache a create is one round trip. The price
+    is that a revocation takes up to ``ttl`` seconds to reach every process.
+    Unknown and revoked keys are never remembered, so a new key works at
+    once and guessing keys cannot fill the cache; it is keyed by the key's
+    sha256, so no process keeps a key in memory longer than its request.
+    """
+
+    def __init__(self, ttl: float, *, max_entries: int = 10_000,
+                 monotonic: Callable[[], float] = time.monotonic):
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._monotonic = monotonic
+        # Plain dict operations are atomic under the GIL: no lock needed for
+        # gthread workers; a racing miss just looks the key up twice.
+        self._entries: dict[bytes, tuple[float, Principal]] = {}
+
+    def authenticate(self, pool: ConnectionPool, key: str) -> Principal | None:
+        key_hash = hash_key(key)
+        now = self._monotonic()
+        hit = self._entries.get(key_hash)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        with pool.connection() as conn:
+            principal = _find_principal(conn, key_hash)
+        if principal is None:
+            self._entries.pop(key_hash, None)
+        elif self.ttl > 0:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()  # rare; simpler than LRU and just as bounded
+            self._entries[key_hash] = (now + self.ttl, principal)
+        return principal
 
 
 def list_api_keys(conn: Connection) -> list[dict]:

@@ -79,6 +79,9 @@ class Config:
     #: The circuit breaker judges the gateway on calls of the last this-many seconds.
     circuit_window_seconds: int = 10
     db_pool_max: int = 10
+    #: How long a web process trusts an API key it has authenticated: a
+    #: revocation reaches every process within this time; 0 checks every request.
+    api_key_cache_seconds: float = 10.0
     #: Let webhook endpoints point at loopback/private addresses (tests, on-premise).
     webhook_allow_private_hosts: bool = False
     #: Scheduler and worker processes serve their counters here (see paycron.metrics).
@@ -161,6 +164,8 @@ class Config:
             ),
             message_group_size=get("MESSAGE_GROUP_SIZE", int, d.message_group_size),
             db_pool_max=get("DB_POOL_MAX", int, d.db_pool_max),
+            api_key_cache_seconds=get("API_KEY_CACHE_SECONDS", parse_duration,
+                                      d.api_key_cache_seconds),
             redis_namespace=get("REDIS_NAMESPACE", str, d.redis_namespace),
             metrics_port=get("METRICS_PORT", int, d.metrics_port),
             webhook_allow_private_hosts=get("WEBHOOK_ALLOW_PRIVATE_HOSTS", _flag,

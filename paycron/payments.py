@@ -51,8 +51,9 @@ def find_replay(conn: Connection, actor: str, key: str, body_hash: bytes) -> dic
     """The payment an earlier create under (actor, key) made, if there was one.
 
     Raises :class:`IdempotencyKeyReused` when that create had another body.
-    Looked up before any time-based validation, so replaying a create after
-    its due time has passed still returns the original payment.
+    The API asks when an insert conflicts, and when a body fails validation:
+    replaying a create after its due time has passed still returns the
+    original payment.
     """
     row = conn.execute(q("find_idempotency_key"), {"actor": actor, "key": key}).fetchone()
     if row is None:

@@ -228,6 +228,46 @@ def test_a_revoked_key_is_401(client, conn, make_key):
     assert response.status_code == 401
 
 
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_revoked_key_stops_working_once_the_cache_ttl_has_passed(app, conn, make_key):
+    from paycron.apikeys import PrincipalCache, revoke_api_key
+
+    pool = app.extensions["paycron.pool"]
+    clock = _Clock()
+    cache = PrincipalCache(10.0, monotonic=clock)
+    key = make_key("carol")
+    assert cache.authenticate(pool, key).actor == "carol"
+    revoke_api_key(conn, key.split("_")[1])
+    clock.now += 9.9
+    assert cache.authenticate(pool, key).actor == "carol"  # served from the cache
+    clock.now += 0.2
+    assert cache.authenticate(pool, key) is None
+    assert PrincipalCache(0.0).authenticate(pool, key) is None
+
+
+def test_the_principal_cache_remembers_neither_unknown_keys_nor_more_than_its_bound(
+        app, conn, make_key):
+    from paycron.apikeys import PrincipalCache, revoke_api_key
+
+    pool = app.extensions["paycron.pool"]
+    cache = PrincipalCache(60.0, max_entries=2)
+    assert cache.authenticate(pool, "pc_00000000_unknown") is None
+    keys = [make_key(f"payer-{i}") for i in range(3)]
+    for key in keys:
+        cache.authenticate(pool, key)
+    for key in keys:
+        revoke_api_key(conn, key.split("_")[1])
+    # the third key cleared the full cache: only it is still served from memory
+    assert [cache.authenticate(pool, key) is not None for key in keys] == [False, False, True]
+
+
 def test_only_a_hash_of_the_key_is_stored(conn, make_key):
     key = make_key("dave")
     stored = conn.execute("SELECT * FROM api_keys WHERE actor = 'dave'").fetchone()

@@ -8,6 +8,7 @@ from datetime import datetime
 import redis
 from flask import Flask
 
+from paycron.apikeys import PrincipalCache
 from paycron.breaker import CircuitBreaker
 from paycron.config import Config
 from paycron.db import make_pool
@@ -28,6 +29,7 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     app.extensions["paycron.config"] = config
     app.extensions["paycron.clock"] = clock
     app.extensions["paycron.pool"] = make_pool(config, name="web")
+    app.extensions["paycron.principals"] = PrincipalCache(config.api_key_cache_seconds)
     app.extensions["paycron.redis"] = (
         redis.Redis.from_url(config.redis_url, socket_timeout=2, socket_connect_timeout=2)
         if config.redis_url else None

@@ -6,7 +6,7 @@ from functools import wraps
 
 from flask import current_app, g, request
 
-from paycron.apikeys import Principal, authenticate
+from paycron.apikeys import Principal
 from web.problems import Problem
 
 
@@ -15,8 +15,8 @@ def _principal() -> Principal:
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Problem(401, "UNAUTHENTICATED", "send Authorization: Bearer <api key>")
-    with current_app.extensions["paycron.pool"].connection() as conn:
-        principal = authenticate(conn, key.strip())
+    principal = current_app.extensions["paycron.principals"].authenticate(
+        current_app.extensions["paycron.pool"], key.strip())
     if principal is None:
         raise Problem(401, "UNAUTHENTICATED", "the API key is unknown or revoked")
     return principal

@@ -138,7 +138,7 @@ def operations(config: Config) -> dict[str, dict]:
     """Flask endpoint -> the operation it serves. ``build_document`` adds the
     path parameters, and security and 401 to every /v1 operation."""
     # The create schema's time rules need a clock; its fields do not.
-    create_payment = CreatePaymentSchema(config, now_utc())
+    create_payment = CreatePaymentSchema(config, now_utc)
     too_large = _problem(f"The body is larger than {config.max_body_bytes} bytes.")
     return {
         "health.healthz": _operation("Liveness: the process is up.", {

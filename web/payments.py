@@ -53,16 +53,23 @@ def _idempotency_key() -> str:
     return key
 
 
+@bp.record_once
+def _build_create_schema(state) -> None:
+    # One schema per app: building one per request costs as much as loading.
+    # Schemas keep no per-load state, so the gthread workers share it.
+    extensions = state.app.extensions
+    extensions["paycron.create_schema"] = CreatePaymentSchema(
+        extensions["paycron.config"], extensions["paycron.clock"])
+
+
 def _validated(body: dict) -> NewPayment:
-    config = _config()
     try:
-        now = current_app.extensions["paycron.clock"]()
-        data = CreatePaymentSchema(config, now).load(body)
+        data = current_app.extensions["paycron.create_schema"].load(body)
     except ValidationError as exc:
         raise ValidationFailed(exc.normalized_messages()) from None
     return NewPayment(
         payee=data["payee"], amount_minor=data["amount"],
-        currency=data["currency"] or config.default_currency,
+        currency=data["currency"] or _config().default_currency,
         due_at=data["due_at"].astimezone(UTC),
     )
 
@@ -83,13 +90,19 @@ def create():
     body = json_object()
     key = _idempotency_key()
     body_hash = payments.request_hash(body)
-    with _pool().connection() as conn:
-        # The key is looked up before any time-based validation: a replay
-        # after dueAt has passed must return the original payment.
-        replay = payments.find_replay(conn, actor, key, body_hash)
-        if replay is not None:
-            return _created(replay, replayed=True)
+    try:
         new = _validated(body)
+    except ValidationFailed:
+        # A replay is answered even when its body no longer validates (its
+        # dueAt has passed since the first create): look the key up before
+        # refusing. Valid creates skip this round trip: the insert itself
+        # detects a used key.
+        with _pool().connection() as conn:
+            replay = payments.find_replay(conn, actor, key, body_hash)
+        if replay is None:
+            raise
+        return _created(replay, replayed=True)
+    with _pool().connection() as conn:
         created = payments.create_payment(
             conn, actor=actor, key=key, body_hash=body_hash, new=new,
             smear_seconds=_config().smear_seconds,

@@ -1,6 +1,6 @@
 """Request and response schemas (marshmallow). Validation messages are
 per field; the create schema's time rules need the config and the clock,
-which the view passes to the constructor.
+which the app passes to the constructor.
 
 ``web/openapi.py`` generates the OpenAPI document from these schemas: a
 field's ``metadata`` says what its validators cannot (a description, an
@@ -9,6 +9,7 @@ bodies that views build by hand."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates
@@ -64,10 +65,10 @@ class CreatePaymentSchema(Schema):
             sorted(ISO_4217), error="currency must be an ISO 4217 code, e.g. USD"),
         metadata={"description": "ISO 4217 code; DEFAULT_CURRENCY when absent or null."})
 
-    def __init__(self, config: Config, now: datetime, **kwargs):
+    def __init__(self, config: Config, clock: Callable[[], datetime], **kwargs):
         super().__init__(**kwargs)
         self.config = config
-        self.now = now
+        self.clock = clock
 
     @validates("amount")
     def _amount_range(self, value: int, data_key: str) -> None:
@@ -78,9 +79,10 @@ class CreatePaymentSchema(Schema):
 
     @validates("due_at")
     def _due_window(self, value: datetime, data_key: str) -> None:
-        if value <= self.now:
+        now = self.clock()
+        if value <= now:
             raise ValidationError("dueAt must be in the future")
-        if value > self.now + timedelta(days=self.config.horizon_days):
+        if value > now + timedelta(days=self.config.horizon_days):
             raise ValidationError(f"dueAt must be within {self.config.horizon_days} days")
 
 
