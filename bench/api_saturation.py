@@ -152,7 +152,8 @@ class Server:
     """One gunicorn (the Procfile's web command) serving ``app``."""
 
     def __init__(self, name: str, app: str, env: dict[str, str], *, workers: int,
-                 threads: int, logdir: Path, keep_alive: int | None = None):
+                 threads: int, logdir: Path, keep_alive: int | None = None,
+                 worker_class: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = web_args(self.port, workers=workers, threads=threads)
@@ -162,6 +163,8 @@ class Server:
                 args[args.index("--keep-alive") + 1] = str(keep_alive)
             else:
                 args[-1:-1] = ["--keep-alive", str(keep_alive)]
+        if worker_class is not None:
+            args[args.index("--worker-class") + 1] = worker_class
         self.args = args
         self.group = ProcessGroup(logdir, env)
         self.proc = self.group.start(name, args)
@@ -208,6 +211,16 @@ class Wrk:
                       db_cpu_s=after[1] - before[1])
 
 
+def saturate(server: Server, wrk: Wrk, args, cpu=None) -> Result:
+    """Closed-loop creates/s of one server after a warm-up; stops the server."""
+    try:
+        wrk.run(server.url, seconds=3, connections=args.connections)
+        return wrk.run(server.url, seconds=args.seconds, connections=args.connections,
+                       cpu=lambda: (server.cpu(), cpu() if cpu else 0.0))
+    finally:
+        server.stop()
+
+
 def describe(r: Result) -> str:
     return (f"{r.rate:7.0f} creates/s ({r.requests} in {r.seconds:.1f} s, non-201/errors "
             f"{r.errors}); latency p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, max "
@@ -225,6 +238,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8, help="gunicorn --threads")
     parser.add_argument("--keep-alive", type=int, default=None,
                         help="override gunicorn --keep-alive (default: the Procfile's)")
+    parser.add_argument("--worker-class", default=None,
+                        help="override gunicorn --worker-class (default: the Procfile's)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="paycron-api-bench-"))
     namespace = f"paycron-bench-{uuid.uuid4().hex[:8]}"
@@ -237,14 +252,12 @@ def main() -> None:
                "GATEWAY_URL": "http://127.0.0.1:9", "SENTRY_DSN": ""}
         wrk = Wrk(token, workdir)
         shape = {"workers": args.workers, "threads": args.threads, "logdir": workdir,
-                 "keep_alive": args.keep_alive}
-        bare = Server("bare", "bench.bare_app:create_app()", env, **shape)
-        try:
-            wrk.run(bare.url, seconds=3, connections=args.connections)  # warm-up
-            bare_sat = wrk.run(bare.url, seconds=args.seconds, connections=args.connections,
-                               cpu=lambda: (bare.cpu(), 0.0))
-        finally:
-            bare.stop()
+                 "keep_alive": args.keep_alive, "worker_class": args.worker_class}
+        bare_sat = saturate(Server("bare", "bench.bare_app:create_app()", env, **shape),
+                            wrk, args)
+        insert_sat = saturate(
+            Server("bare-insert", "bench.bare_app:create_app(insert=True)", env, **shape),
+            wrk, args, cpu=lambda: backend_cpu(admin_url, dbname))
         web = Server("web", "web:create_app()", env, **shape)
         try:
             def cpu():
@@ -278,10 +291,13 @@ def main() -> None:
     print(f"load: wrk, 2 threads, {args.connections} connections, {args.seconds:g} s after a "
           f"3 s warm-up; a new Idempotency-Key per request")
     print(f"bare Flask (parse JSON, 201) : {describe(bare_sat)}")
+    print(f"bare Flask + the create SQL  : {describe(insert_sat)}")
     print(f"paycron create at saturation : {describe(sat)}")
     ratio = sat.rate / bare_sat.rate
     print(f"ratio paycron / bare         : {ratio:.2f}   (target >= 0.5: "
           f"{'met' if ratio >= 0.5 else 'MISSED'})")
+    print(f"ratio bare + SQL / bare      : {insert_sat.rate / bare_sat.rate:.2f}   (the durable "
+          f"write alone; paycron / bare + SQL: {sat.rate / insert_sat.rate:.2f})")
     print(f"paycron at half saturation   : target {target:.0f}/s, achieved {half.rate:.0f}/s "
           f"({c} connections, exponential think time {delay:.1f} ms mean, "
           f"{args.latency_seconds:g} s): p50 {half.p50_ms:.1f} ms, p90 {half.p90_ms:.1f} ms, "
