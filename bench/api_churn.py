@@ -180,6 +180,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=60.0, help="requests per second")
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--web-workers", type=int, default=5,
+                        help="gunicorn --workers (default: the Procfile's)")
+    parser.add_argument("--web-threads", type=int, default=4,
+                        help="gunicorn --threads (default: the Procfile's)")
     args = parser.parse_args()
 
     pg, redis_server = PrivatePostgres(), PrivateRedis()
@@ -195,7 +199,8 @@ def main() -> None:
             key, _ = create_api_key(conn, "churn")
         port = free_port()
         procs = ProcessGroup(logdir, {"DATABASE_URL": pg.url, "REDIS_URL": redis_server.url})
-        master = procs.start("web", web_args(port, workers=3, threads=4))
+        master = procs.start("web", web_args(port, workers=args.web_workers,
+                                             threads=args.web_threads))
         base = f"http://127.0.0.1:{port}"
         wait_http(base + "/readyz", master)
         load = Load(base, key, args.rate, args.seed)

@@ -4,10 +4,11 @@ the same gunicorn settings, then create latency at half paycron's
 saturation rate. Targets: paycron / bare >= 0.5; p99 < 50 ms at half rate.
 
 Servers: the Procfile's web command, as paycron.procs.web_args spells it
-(``gunicorn --worker-class gthread --workers 2 --threads 8 --keep-alive
-0``: 2 workers for 2 cores, 8 threads each to cover the database round
-trips; no keep-alive, so every request is a new TCP connection), the same
-for both apps, paycron's on a private database.
+(``gunicorn --worker-class gthread --workers 5 --threads 4
+--worker-connections 4 --keep-alive 0``: 2 x cores + 1 workers, 4 threads
+each to cover the database round trips; no keep-alive, so every request is
+a new TCP connection), the same for every app, paycron's on a private
+database.
 Load: ``wrk`` (C, event loop: a few % of one core here) with a Lua script
 that sends every create with its own Idempotency-Key, a bearer key made
 with paycron.apikeys.create_api_key, and a dueAt a day ahead. Saturation
@@ -20,7 +21,7 @@ CPU per request of the server processes (gunicorn master + workers) and of
 the database backends serving them is read from /proc.
 
     python -m bench.api_saturation [--seconds 20] [--connections 32]
-        [--workers 2] [--threads 8]
+        [--workers 5] [--threads 4]
 """
 
 from __future__ import annotations
@@ -234,8 +235,8 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=30.0)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--paced-connections", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn --workers")
-    parser.add_argument("--threads", type=int, default=8, help="gunicorn --threads")
+    parser.add_argument("--workers", type=int, default=5, help="gunicorn --workers")
+    parser.add_argument("--threads", type=int, default=4, help="gunicorn --threads")
     parser.add_argument("--keep-alive", type=int, default=None,
                         help="override gunicorn --keep-alive (default: the Procfile's)")
     parser.add_argument("--worker-class", default=None,
@@ -285,7 +286,8 @@ def main() -> None:
                 client.delete(key)
     shutil.rmtree(workdir, ignore_errors=True)
     command = " ".join(["gunicorn", *web.args[2:-3], repr(web.args[-1])])
-    as_procfile = (args.workers, args.threads, args.keep_alive) == (2, 8, None)
+    as_procfile = (args.workers, args.threads, args.keep_alive, args.worker_class) == (
+        5, 4, None, None)
     print(f"server: {command} ({'the Procfile' if as_procfile else 'overridden'}), same for "
           f"both apps; {os.cpu_count()} cores")
     print(f"load: wrk, 2 threads, {args.connections} connections, {args.seconds:g} s after a "
