@@ -71,6 +71,13 @@ SELECT EXISTS (SELECT 1 FROM {name} WHERE status IN ('PENDING', 'PROCESSING'))
 -- Detach a settled day from payments (the table stays, for archiving).
 ALTER TABLE payments DETACH PARTITION {name};
 
+-- name: forget_idempotency_keys
+-- The idempotency rows of a detached day. A replay of one of its creates is
+-- refused anyway (its dueAt is past the retention), and keeping them would
+-- grow the table forever and make listings step over payments no longer
+-- there. One scan of the table per detached day, after the detach commits.
+DELETE FROM idempotency_keys WHERE due_at >= {start} AND due_at < {end};
+
 -- name: set_lock_timeout
 -- For this transaction only.
 SET LOCAL lock_timeout = '2s';

@@ -69,7 +69,9 @@ def detach_settled(conn: Connection, config: Config, today: date | None = None) 
     """Detach day partitions older than the retention whose every row is
     terminal and which hold no open dead letter. Each is locked against
     writes (a re-drive, a late worker) before it is checked, with a short
-    lock timeout so the sweep and the API never stall behind it."""
+    lock timeout so the sweep and the API never stall behind it. The
+    detached table stays for archiving, with its attempts and events; the
+    day's idempotency keys are forgotten."""
     today = today or datetime.now(UTC).date()
     cutoff = today - timedelta(days=config.partition_retention_days)
     detached = []
@@ -83,9 +85,12 @@ def detach_settled(conn: Connection, config: Config, today: date | None = None) 
                 if conn.execute(_formatted("partition_has_live_rows", day)).fetchone()["live"]:
                     continue
                 conn.execute(_formatted("detach_partition", day))
-            detached.append(partition_name(day))
         except LockNotAvailable:
             continue  # busy: try again at the next upkeep
+        # Outside the detach's transaction: its lock on payments must not be
+        # held through a scan of the idempotency table.
+        conn.execute(_formatted("forget_idempotency_keys", day))
+        detached.append(partition_name(day))
     return detached
 
 

@@ -48,6 +48,21 @@ def test_only_fully_settled_old_partitions_are_detached(conn, config, old_days):
     assert counts.days_ahead >= config.horizon_days
 
 
+def test_a_detached_day_forgets_its_idempotency_keys_and_only_its_own(conn, config, old_days):
+    settled, pending, _ = old_days
+    kept = insert_payment(conn, due_at=at_noon(pending), status="PENDING")
+    for row in (insert_payment(conn, due_at=at_noon(settled), status="COMPLETED"),
+                insert_payment(conn, due_at=at_noon(settled) + timedelta(hours=11),
+                               status="COMPLETED"),
+                kept):
+        conn.execute("INSERT INTO idempotency_keys (actor, key, request_hash, payment_id, "
+                     "due_at) VALUES ('alice', %s, '\\x00', %s, %s)",
+                     (str(row["id"]), row["id"], row["due_at"]))
+    assert partitions.partition_name(settled) in partitions.detach_settled(conn, config)
+    left = conn.execute("SELECT payment_id FROM idempotency_keys").fetchall()
+    assert left == [{"payment_id": kept["id"]}]
+
+
 def test_an_open_dead_letter_keeps_its_partition(conn, config, old_days):
     day = old_days[0]
     row = insert_payment(conn, due_at=at_noon(day), status="FAILED",
