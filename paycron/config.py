@@ -84,6 +84,11 @@ class Config:
     api_key_cache_seconds: float = 10.0
     #: Let webhook endpoints point at loopback/private addresses (tests, on-premise).
     webhook_allow_private_hosts: bool = False
+    #: Webhook relay: endpoints served at once, one delivery's time limit,
+    #: and the cap of its doubling backoff after failed deliveries.
+    webhook_concurrency: int = 8
+    webhook_timeout_seconds: float = 5.0
+    webhook_backoff_max_seconds: float = 600.0
     #: Scheduler and worker processes serve their counters here (see paycron.metrics).
     metrics_port: int | None = None
     extra: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -171,4 +176,9 @@ class Config:
             webhook_allow_private_hosts=get("WEBHOOK_ALLOW_PRIVATE_HOSTS", _flag,
                                             d.webhook_allow_private_hosts),
             circuit_window_seconds=get("CIRCUIT_WINDOW_SECONDS", int, d.circuit_window_seconds),
+            webhook_concurrency=get("WEBHOOK_CONCURRENCY", int, d.webhook_concurrency),
+            webhook_timeout_seconds=get("WEBHOOK_TIMEOUT_SECONDS", parse_duration,
+                                        d.webhook_timeout_seconds),
+            webhook_backoff_max_seconds=get("WEBHOOK_BACKOFF_MAX_SECONDS", parse_duration,
+                                            d.webhook_backoff_max_seconds),
         )

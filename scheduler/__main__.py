@@ -53,7 +53,7 @@ def main() -> None:
     reaper = Reaper(config=config, pool=pool)
     keeper = PartitionKeeper(config=config, pool=pool)
     # Webhooks in their own thread and pool: a slow endpoint never delays a sweep.
-    relay_config = RelayConfig(allow_private_hosts=config.webhook_allow_private_hosts)
+    relay_config = RelayConfig.from_config(config)
     relay = WebhookRelay(pool=make_pool(config, max_size=relay_config.pool_size, name="relay"),
                          config=relay_config)
     relay.start()

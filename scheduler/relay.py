@@ -42,6 +42,7 @@ import urllib3
 from psycopg_pool import ConnectionPool
 
 from paycron import webhooks
+from paycron.config import Config
 from paycron.errors import ConfigError
 from paycron.events import to_wire
 from paycron.webhooks import Lease, Recorded
@@ -49,9 +50,9 @@ from paycron.webhooks import Lease, Recorded
 log = logging.getLogger("paycron.relay")
 
 #: Endpoints served at once (threads); also the claim batch.
-DEFAULT_CONCURRENCY = 8
+DEFAULT_CONCURRENCY = Config.webhook_concurrency
 #: One request's limit: a hung endpoint costs a worker this long, then backs off.
-DEFAULT_TIMEOUT_SECONDS = 5.0
+DEFAULT_TIMEOUT_SECONDS = Config.webhook_timeout_seconds
 #: Events sent per claim before the endpoint goes to the back of the queue.
 DEFAULT_BATCH = 100
 #: A claim's lease; sends start only in its first half (see ``_serve``).
@@ -60,7 +61,7 @@ DEFAULT_LEASE_SECONDS = 60.0
 DEFAULT_POLL_SECONDS = 0.5
 #: After a failed delivery: this, doubling per attempt, capped, ± jitter.
 DEFAULT_BACKOFF_BASE_SECONDS = 1.0
-DEFAULT_BACKOFF_MAX_SECONDS = 600.0
+DEFAULT_BACKOFF_MAX_SECONDS = Config.webhook_backoff_max_seconds
 DEFAULT_BACKOFF_JITTER = 0.2
 #: Response bytes read (for keep-alive); a longer body drops the connection.
 _MAX_RESPONSE_BYTES = 4096
@@ -90,6 +91,15 @@ class RelayConfig:
                               "first half of the lease and must end inside it")
         if not 0 <= self.backoff_jitter < 1:
             raise ConfigError("relay backoff jitter must be in [0, 1)")
+
+    @classmethod
+    def from_config(cls, config: Config) -> RelayConfig:
+        """The relay's settings from the environment's (WEBHOOK_*)."""
+        timeout = config.webhook_timeout_seconds
+        return cls(concurrency=config.webhook_concurrency, timeout_seconds=timeout,
+                   backoff_max_seconds=config.webhook_backoff_max_seconds,
+                   lease_seconds=max(DEFAULT_LEASE_SECONDS, 4 * timeout),
+                   allow_private_hosts=config.webhook_allow_private_hosts)
 
     @property
     def pool_size(self) -> int:

@@ -17,6 +17,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from paycron import webhooks
+from paycron.config import Config
 from paycron.db import make_pool
 from paycron.errors import ConfigError
 from paycron.procs import free_port
@@ -486,3 +487,17 @@ def test_the_relay_refuses_an_internal_destination_too(conn, client, alice):
     assert forbidden_destination("http://127.0.0.1:1/x") is not None
     assert forbidden_destination("http://93.184.215.14/x") is None  # a public address
     assert forbidden_destination("http://no-such-host.invalid/x") is not None
+
+
+def test_relay_settings_come_from_the_environment():
+    config = Config.from_env({"WEBHOOK_CONCURRENCY": "3", "WEBHOOK_TIMEOUT_SECONDS": "30s",
+                              "WEBHOOK_BACKOFF_MAX_SECONDS": "1h",
+                              "WEBHOOK_ALLOW_PRIVATE_HOSTS": "true"})
+    relay = RelayConfig.from_config(config)
+    assert (relay.concurrency, relay.timeout_seconds, relay.backoff_max_seconds) == (3, 30, 3600)
+    assert relay.allow_private_hosts
+    # a long timeout stretches the lease instead of failing the lease/4 rule
+    assert relay.lease_seconds == 120
+    assert RelayConfig.from_config(Config()) == RelayConfig()
+    with pytest.raises(ConfigError):
+        RelayConfig.from_config(Config.from_env({"WEBHOOK_CONCURRENCY": "0"}))
