@@ -91,8 +91,8 @@ def web_args(port: int, workers: int = 5, threads: int = 4) -> list[str]:
     (``--worker-connections`` = threads): the rest wait in the listen
     backlog, where a crashing worker cannot take them down with it. A
     SIGKILLed worker loses its in-flight requests; more, smaller workers lose
-    fewer (bench.api_churn: 6.9 failures per 10,000 requests with 2 x 8
-    threads, 1.4 with 5 x 4).
+    fewer (bench.api_churn: 6.9 failures per 10,000 requests with 3 x 4
+    threads, 1.4 with 5 x 4 and --worker-connections).
     """
     return ["-m", "gunicorn", "--no-control-socket", "--worker-class", "gthread",
             "--workers", str(workers), "--threads", str(threads),
