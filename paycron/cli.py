@@ -105,12 +105,14 @@ def api_key_list() -> None:
 @api_key.command("revoke")
 @click.argument("prefix")
 def api_key_revoke(prefix: str) -> None:
-    with connect(_config()) as conn:
+    config = _config()
+    with connect(config) as conn:
         row = apikeys.revoke_api_key(conn, prefix)
     if row is None:
         click.echo(f"no active key with prefix {prefix}", err=True)
         sys.exit(1)
-    click.echo(f"revoked {row['prefix']} ({row['actor']})")
+    click.echo(f"revoked {row['prefix']} ({row['actor']}); web processes that checked it "
+               f"recently accept it for up to {config.api_key_cache_seconds:g} s more")
 
 
 def _payment_id(text: str) -> uuid.UUID:

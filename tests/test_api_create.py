@@ -268,6 +268,34 @@ def test_the_principal_cache_remembers_neither_unknown_keys_nor_more_than_its_bo
     assert [cache.authenticate(pool, key) is not None for key in keys] == [False, False, True]
 
 
+def test_the_cli_creates_lists_and_revokes_keys(config):
+    from click.testing import CliRunner
+
+    from paycron.cli import main
+    from web import create_app
+
+    env = {"DATABASE_URL": config.database_url, "API_KEY_CACHE_SECONDS": "0"}
+
+    def cli(*args):
+        result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    key = cli("api-key", "create", "--actor", "erin").strip().splitlines()[-1]
+    prefix = key.split("_")[1]
+    assert f"{prefix}\terin\tpayments\tactive" in cli("api-key", "list")
+    app = create_app(config.with_overrides(api_key_cache_seconds=0))
+    try:
+        client = app.test_client()
+        headers = {"Authorization": f"Bearer {key}"}
+        assert post(client, headers, body()).status_code == 201
+        assert "up to 0 s more" in cli("api-key", "revoke", prefix)
+        assert post(client, headers, body(), key="key-2").status_code == 401
+    finally:
+        app.extensions["paycron.pool"].close()
+    assert f"{prefix}\terin\tpayments\trevoked" in cli("api-key", "list")
+
+
 def test_only_a_hash_of_the_key_is_stored(conn, make_key):
     key = make_key("dave")
     stored = conn.execute("SELECT * FROM api_keys WHERE actor = 'dave'").fetchone()
