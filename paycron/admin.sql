@@ -71,12 +71,16 @@ SELECT EXISTS (SELECT 1 FROM {name} WHERE status IN ('PENDING', 'PROCESSING'))
 -- Detach a settled day from payments (the table stays, for archiving).
 ALTER TABLE payments DETACH PARTITION {name};
 
--- name: forget_idempotency_keys
--- The idempotency rows of a detached day. A replay of one of its creates is
--- refused anyway (its dueAt is past the retention), and keeping them would
--- grow the table forever and make listings step over payments no longer
--- there. One scan of the table per detached day, after the detach commits.
-DELETE FROM idempotency_keys WHERE due_at >= {start} AND due_at < {end};
+-- name: forget_detached_idempotency_keys
+-- The idempotency rows of every day before the retention cutoff that is no
+-- longer attached: detached now, or earlier by a run whose cleanup was cut
+-- short. A replay of one of their creates is refused anyway (its dueAt is
+-- past the retention); keeping them would grow the table forever and make
+-- listings step over payments no longer there. One scan of the table, run
+-- after the detaches commit and only when something was detached.
+DELETE FROM idempotency_keys
+WHERE due_at < %(cutoff)s
+  AND NOT ((due_at AT TIME ZONE 'UTC')::date = ANY(%(attached_days)s::date[]));
 
 -- name: set_lock_timeout
 -- For this transaction only.

@@ -112,7 +112,8 @@ def api_key_revoke(prefix: str) -> None:
         click.echo(f"no active key with prefix {prefix}", err=True)
         sys.exit(1)
     click.echo(f"revoked {row['prefix']} ({row['actor']}); web processes that checked it "
-               f"recently accept it for up to {config.api_key_cache_seconds:g} s more")
+               f"recently accept it for up to their API_KEY_CACHE_SECONDS more "
+               f"({config.api_key_cache_seconds:g} s in this environment)")
 
 
 def _payment_id(text: str) -> uuid.UUID:

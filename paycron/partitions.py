@@ -71,7 +71,8 @@ def detach_settled(conn: Connection, config: Config, today: date | None = None) 
     writes (a re-drive, a late worker) before it is checked, with a short
     lock timeout so the sweep and the API never stall behind it. The
     detached table stays for archiving, with its attempts and events; the
-    day's idempotency keys are forgotten."""
+    idempotency keys of detached days are forgotten, so a key can be used
+    again once its payment's day is past the retention."""
     today = today or datetime.now(UTC).date()
     cutoff = today - timedelta(days=config.partition_retention_days)
     detached = []
@@ -85,12 +86,16 @@ def detach_settled(conn: Connection, config: Config, today: date | None = None) 
                 if conn.execute(_formatted("partition_has_live_rows", day)).fetchone()["live"]:
                     continue
                 conn.execute(_formatted("detach_partition", day))
+            detached.append(partition_name(day))
         except LockNotAvailable:
             continue  # busy: try again at the next upkeep
-        # Outside the detach's transaction: its lock on payments must not be
-        # held through a scan of the idempotency table.
-        conn.execute(_formatted("forget_idempotency_keys", day))
-        detached.append(partition_name(day))
+    if detached:
+        # Outside the detaches' transactions: their lock on payments must
+        # not be held through a scan of the idempotency table.
+        conn.execute(q("forget_detached_idempotency_keys"), {
+            "cutoff": day_start(cutoff),
+            "attached_days": [d for d in existing_days(conn) if d < cutoff],
+        })
     return detached
 
 

@@ -91,6 +91,11 @@ class RelayConfig:
                               "first half of the lease and must end inside it")
         if not 0 <= self.backoff_jitter < 1:
             raise ConfigError("relay backoff jitter must be in [0, 1)")
+        if self.timeout_seconds <= 0:  # urllib3 reads 0 as "non-blocking": every send fails
+            raise ConfigError("WEBHOOK_TIMEOUT_SECONDS must be > 0")
+        if not 0 < self.backoff_base_seconds <= self.backoff_max_seconds:
+            # a zero backoff would retry a failing endpoint in a tight loop
+            raise ConfigError("WEBHOOK_BACKOFF_MAX_SECONDS must be >= the base backoff (1 s)")
 
     @classmethod
     def from_config(cls, config: Config) -> RelayConfig:

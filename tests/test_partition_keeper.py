@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -48,19 +49,23 @@ def test_only_fully_settled_old_partitions_are_detached(conn, config, old_days):
     assert counts.days_ahead >= config.horizon_days
 
 
-def test_a_detached_day_forgets_its_idempotency_keys_and_only_its_own(conn, config, old_days):
+def test_detached_days_forget_their_idempotency_keys_and_only_theirs(conn, config, old_days):
     settled, pending, _ = old_days
-    kept = insert_payment(conn, due_at=at_noon(pending), status="PENDING")
-    for row in (insert_payment(conn, due_at=at_noon(settled), status="COMPLETED"),
-                insert_payment(conn, due_at=at_noon(settled) + timedelta(hours=11),
-                               status="COMPLETED"),
-                kept):
+    live_old = insert_payment(conn, due_at=at_noon(pending), status="PENDING")
+    recent = insert_payment(conn, due_at=datetime.now(UTC) + timedelta(days=1))
+    gone = [insert_payment(conn, due_at=at_noon(settled), status="COMPLETED"),
+            insert_payment(conn, due_at=at_noon(settled) + timedelta(hours=11),
+                           status="COMPLETED")]
+    keys = [(r["id"], r["due_at"]) for r in (live_old, recent, *gone)]
+    # a day detached by an earlier run whose cleanup was cut short
+    keys.append((uuid.uuid4(), at_noon(settled - timedelta(days=50))))
+    for payment_id, due_at in keys:
         conn.execute("INSERT INTO idempotency_keys (actor, key, request_hash, payment_id, "
                      "due_at) VALUES ('alice', %s, '\\x00', %s, %s)",
-                     (str(row["id"]), row["id"], row["due_at"]))
+                     (str(payment_id), payment_id, due_at))
     assert partitions.partition_name(settled) in partitions.detach_settled(conn, config)
-    left = conn.execute("SELECT payment_id FROM idempotency_keys").fetchall()
-    assert left == [{"payment_id": kept["id"]}]
+    left = {r["payment_id"] for r in conn.execute("SELECT payment_id FROM idempotency_keys")}
+    assert left == {live_old["id"], recent["id"]}
 
 
 def test_an_open_dead_letter_keeps_its_partition(conn, config, old_days):

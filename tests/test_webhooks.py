@@ -499,5 +499,7 @@ def test_relay_settings_come_from_the_environment():
     # a long timeout stretches the lease instead of failing the lease/4 rule
     assert relay.lease_seconds == 120
     assert RelayConfig.from_config(Config()) == RelayConfig()
-    with pytest.raises(ConfigError):
-        RelayConfig.from_config(Config.from_env({"WEBHOOK_CONCURRENCY": "0"}))
+    for bad in ({"WEBHOOK_CONCURRENCY": "0"}, {"WEBHOOK_TIMEOUT_SECONDS": "0"},
+                {"WEBHOOK_BACKOFF_MAX_SECONDS": "0"}, {"WEBHOOK_BACKOFF_MAX_SECONDS": "500ms"}):
+        with pytest.raises(ConfigError):
+            RelayConfig.from_config(Config.from_env(bad))
