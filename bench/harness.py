@@ -34,6 +34,8 @@ from paycron.sql import q
 ADMIN_DSN = os.environ.get("PAYCRON_BENCH_ADMIN_DSN",
                            "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("PAYCRON_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+#: "Since" for whole-run figures: every row (a benchmark's database is its own).
+ALL_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from bench.harness import (
+    ALL_TIME,
     System,
     charges_per_key,
     private_database,
@@ -23,8 +24,6 @@ from paycron.sql import parse_blocks
 from paycron.stats import lateness
 from tests.factories import bulk_insert
 
-#: First attempts since this instant: all of them (the database is the run's own).
-ALL_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 QUERIES = parse_blocks("""
 -- name: spike_expiries
 -- Lease expirations and 429 answers recorded in the attempts.

@@ -23,6 +23,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from bench.harness import (
+    ALL_TIME,
     System,
     charges_per_key,
     private_database,
@@ -35,8 +36,6 @@ from paycron.ids import new_payment_id
 from paycron.sql import parse_blocks
 from paycron.stats import lateness
 
-#: First attempts since this instant: all of them (the database is the run's own).
-ALL_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 QUERIES = parse_blocks("""
 -- name: lateness_by_minute
 -- The same, per minute of the inflow (by due time).
