@@ -38,6 +38,21 @@ class FailureReason(StrEnum):
     LEASE_EXPIRED_REPEATEDLY = "LEASE_EXPIRED_REPEATEDLY"
 
 
+class EventType(StrEnum):
+    """``payment_events.type``: what a webhook or ``/v1/events`` entry reports.
+    The webhook contract (README, "Event types"); a CHECK mirrors it."""
+
+    CREATED = "payment.created"  # accepted by the API
+    PROCESSING = "payment.processing"  # claimed: a call is about to be made
+    PENDING = "payment.pending"  # back to waiting: a retry is scheduled, or re-driven
+    COMPLETED = "payment.completed"  # charged (by a call, a lookup or reconciliation)
+    FAILED = "payment.failed"  # declined, or parked for a human (see failureReason)
+    CANCELLED = "payment.cancelled"  # cancelled by its payer
+    RELEASED = "payment.released"  # handed back unspent (circuit open): no call was made
+    REFUNDED = "payment.refunded"  # an operator refunded the charge
+    ATTEMPT_FINISHED = "attempt.finished"  # a late call's outcome; the status did not change
+
+
 class Resolution(StrEnum):
     """How a dead letter was closed."""
 
@@ -45,3 +60,15 @@ class Resolution(StrEnum):
     REFUNDED = "REFUNDED"
     DISMISSED = "DISMISSED"
     COMPLETED = "COMPLETED"  # the charge turned up (lookup or reconciliation)
+
+
+class CancelOutcome(StrEnum):
+    """What a cancel found: done (now or before), nothing of the caller's to
+    cancel, or the stable code of why it is too late."""
+
+    CANCELLED = "CANCELLED"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_PROCESSING = "ALREADY_PROCESSING"
+    ALREADY_COMPLETED = "ALREADY_COMPLETED"
+    ALREADY_FAILED = "ALREADY_FAILED"
+    OUTCOME_IN_DOUBT = "OUTCOME_IN_DOUBT"  # a call may have charged (SPEC §3)

@@ -1,5 +1,5 @@
 """The domain's exception root. Each part translates these at its boundary
-(HTTP status codes are decided in ``web/errors.py``, exit codes in the CLI)."""
+(HTTP status codes are decided in ``web/problems.py``, exit codes in the CLI)."""
 
 from __future__ import annotations
 
@@ -35,12 +35,14 @@ class NotFound(PaycronError):
 
 
 class CancelRefused(PaycronError):
-    """Cancel lost: the payment is no longer cancellable; ``code`` says why."""
+    """A cancel the API refuses; ``code`` is the :class:`CancelOutcome` that says why."""
 
-    def __init__(self, code: str, status: str):
-        super().__init__(f"payment is {status}; it can no longer be cancelled")
-        self.code = code
-        self.status = status
+    def __init__(self, outcome: str):
+        detail = ("an earlier call may have charged it; it cannot be cancelled until "
+                  "the gateway's answer is known" if outcome == "OUTCOME_IN_DOUBT"
+                  else "the payment can no longer be cancelled")
+        super().__init__(detail)
+        self.code = str(outcome)
 
 
 class DeadLetterActionRefused(PaycronError):

@@ -17,8 +17,7 @@ from datetime import UTC, datetime
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from paycron.enums import Status
-from paycron.errors import CancelRefused, NotFound
+from paycron.enums import CancelOutcome, Status
 from paycron.gateway_client import CallResult
 from paycron.ids import due_range
 from paycron.payments import get_payment
@@ -40,9 +39,9 @@ def worker_name() -> str:
 
 #: Why a cancel lost, by the status it found.
 _CANCEL_REFUSALS = {
-    Status.PROCESSING: "ALREADY_PROCESSING",
-    Status.COMPLETED: "ALREADY_COMPLETED",
-    Status.FAILED: "ALREADY_FAILED",
+    Status.PROCESSING: CancelOutcome.ALREADY_PROCESSING,
+    Status.COMPLETED: CancelOutcome.ALREADY_COMPLETED,
+    Status.FAILED: CancelOutcome.ALREADY_FAILED,
 }
 #: A lost CAS re-reads the row; a row seen back at PENDING (a retry) is tried again.
 _CANCEL_TRIES = 3
@@ -57,30 +56,32 @@ class Claim:
     attempt: int
 
 
-def cancel(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> None:
+def cancel(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> CancelOutcome:
     """PENDING -> CANCELLED by CAS; idempotent when already cancelled.
 
-    Raises :class:`NotFound` (also for another payer's payment) or
-    :class:`CancelRefused` carrying the stable code of why it lost.
+    Losing is an answer, not an exception: the outcome says whether the
+    payment is (now or already) cancelled, unknown to ``actor`` (also
+    another payer's payment), or why it can no longer be cancelled.
     """
     due_from, due_to = due_range(payment_id)
     params = {"id": payment_id, "due_from": due_from, "due_to": due_to, "actor": actor}
     for _ in range(_CANCEL_TRIES):
         if conn.execute(q("cancel"), params).fetchone() is not None:
-            log_transition(payment_id, Status.PENDING, Status.CANCELLED, by=actor)
-            return
+            log_transition(payment_id, Status.PENDING, Status.CANCELLED)
+            return CancelOutcome.CANCELLED
         # Lost, or nothing to cancel: a fresh statement sees the winner's commit.
         row = get_payment(conn, payment_id, actor=actor, with_attempts=False)
         if row is None:
-            raise NotFound("no such payment")
+            return CancelOutcome.NOT_FOUND
         status = Status(row["status"])
         if status is Status.CANCELLED:
-            return
+            return CancelOutcome.CANCELLED
         if status is Status.PENDING and row["in_doubt"]:
-            raise CancelRefused("OUTCOME_IN_DOUBT", status)
+            return CancelOutcome.OUTCOME_IN_DOUBT
         if status is not Status.PENDING:
-            raise CancelRefused(_CANCEL_REFUSALS[status], status)
-    raise CancelRefused("ALREADY_PROCESSING", Status.PROCESSING)
+            return _CANCEL_REFUSALS[status]
+    # Seen PENDING every time yet never won: claimed and retried in between.
+    return CancelOutcome.ALREADY_PROCESSING
 
 
 def claim_due(conn: Connection, *, limit: int, lease_seconds: float) -> list[Claim]:

@@ -15,7 +15,8 @@ from flask import Blueprint, current_app, g, jsonify, request
 from marshmallow import ValidationError
 
 from paycron import payments, transitions
-from paycron.errors import NotFound, ValidationFailed
+from paycron.enums import CancelOutcome
+from paycron.errors import CancelRefused, NotFound, ValidationFailed
 from paycron.payments import NewPayment
 from web.auth import require_key
 from web.bodies import json_object, payment_id_or_404
@@ -125,7 +126,11 @@ def show(payment_id: str):
 def cancel(payment_id: str):
     pid = payment_id_or_404(payment_id)
     with _pool().connection() as conn:
-        transitions.cancel(conn, pid, actor=g.principal.actor)
+        outcome = transitions.cancel(conn, pid, actor=g.principal.actor)
+    if outcome is CancelOutcome.NOT_FOUND:
+        raise NotFound("no such payment")
+    if outcome is not CancelOutcome.CANCELLED:
+        raise CancelRefused(outcome)
     return jsonify({"id": str(pid), "status": "CANCELLED"})
 
 

@@ -1,0 +1,37 @@
+"""The event types are the webhook contract: one enum, mirrored by the
+schema's CHECK and listed in the README."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from paycron.enums import EventType
+from tests.factories import insert_event
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _check_values(conn) -> set[str]:
+    (definition,) = conn.execute(
+        "SELECT pg_get_constraintdef(oid) AS d FROM pg_constraint"
+        " WHERE conname = 'payment_events_type_check'").fetchone().values()
+    return set(re.findall(r"'([^']+)'", definition))
+
+
+def test_the_check_constraint_mirrors_the_enum(conn):
+    assert _check_values(conn) == {t.value for t in EventType}
+
+
+def test_a_type_outside_the_enum_is_refused_by_the_schema(conn):
+    with pytest.raises(psycopg.errors.CheckViolation):
+        insert_event(conn, type="payment.exploded")
+
+
+def test_the_readme_documents_every_type():
+    documented = set(re.findall(r"^\| `((?:payment|attempt)\.[a-z_]+)` \|", README.read_text(),
+                                re.MULTILINE))
+    assert documented == {t.value for t in EventType}
