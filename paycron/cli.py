@@ -15,9 +15,10 @@ from paycron import apikeys, dead_letters, partitions
 from paycron.config import Config
 from paycron.db import connect
 from paycron.errors import ConfigError, PaycronError
-from paycron.gateway_client import HttpGateway
+from paycron.gateway_client import build_gateway
 from paycron.ids import parse_payment_id
 from paycron.migrate import migrate as apply_migrations
+from paycron.observability import init_sentry
 
 
 def _config() -> Config:
@@ -49,6 +50,12 @@ class PaycronCLI(click.Group):
 @click.group(cls=PaycronCLI)
 def main() -> None:
     """paycron: a scheduled-payments engine."""
+    # The CLI's composition root is each command's own few lines (config,
+    # one connection, the gateway where it asks one); Sentry is shared here.
+    try:
+        init_sentry(Config.from_env(), component="cli")
+    except ConfigError:
+        pass  # the command itself reports the bad setting
 
 
 @main.command()
@@ -161,7 +168,7 @@ def dlq_show(payment_id: str) -> None:
 
 def _dlq_action(action, payment_id: str, **kwargs) -> None:
     config = _config()
-    gateway = HttpGateway(config.gateway_url, timeout=config.gateway_timeout_seconds)
+    gateway = build_gateway(config, max_connections=1)
     with connect(config) as conn:
         try:
             result = action(conn, gateway, _payment_id(payment_id), **kwargs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from paycron.errors import ConfigError
 
@@ -44,7 +44,6 @@ class Config:
     redis_url: str | None = None
     gateway_url: str = "http://127.0.0.1:9090"
     sentry_dsn: str | None = None
-    port: int = 8000
     #: Gateway calls per second, all workers together (and the claim pace).
     gateway_rate_limit: int = 100
     lease_seconds: float = 120.0
@@ -91,7 +90,6 @@ class Config:
     webhook_backoff_max_seconds: float = 600.0
     #: Scheduler and worker processes serve their counters here (see paycron.metrics).
     metrics_port: int | None = None
-    extra: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.gateway_timeout_seconds > self.lease_seconds / 3:
@@ -141,7 +139,6 @@ class Config:
             redis_url=env.get("REDIS_URL") or None,
             gateway_url=get("GATEWAY_URL", str, d.gateway_url).rstrip("/"),
             sentry_dsn=env.get("SENTRY_DSN") or None,
-            port=get("PORT", int, d.port),
             gateway_rate_limit=get("GATEWAY_RATE_LIMIT", int, d.gateway_rate_limit),
             lease_seconds=get("LEASE_SECONDS", parse_duration, d.lease_seconds),
             sweep_interval_seconds=get(

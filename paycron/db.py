@@ -1,4 +1,5 @@
-"""Connections: one psycopg pool per process, autocommit by default.
+"""Connections: one psycopg pool per process, autocommit by default, and the
+process's Redis client.
 
 Multi-statement units of work open ``conn.transaction()`` explicitly; every
 single-statement transition runs in autocommit, so a CAS is one round trip.
@@ -6,6 +7,7 @@ single-statement transition runs in autocommit, so a CAS is one round trip.
 
 from __future__ import annotations
 
+import redis
 from psycopg import Connection
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
@@ -49,3 +51,12 @@ def make_pool(config: Config, *, min_size: int = 1, max_size: int | None = None,
 def connect(config: Config) -> Connection:
     """One standalone connection (CLI commands, migrations)."""
     return Connection.connect(require_database_url(config), **connection_kwargs())
+
+
+def make_redis(config: Config, *, timeout: float | None = None) -> redis.Redis:
+    """The process's Redis client (broker buffer, pacing, breaker). ``timeout``
+    bounds each command (the web's probes must not hang a request)."""
+    if not config.redis_url:
+        raise ConfigError("REDIS_URL is not set")
+    return redis.Redis.from_url(config.redis_url, socket_timeout=timeout,
+                                socket_connect_timeout=timeout)

@@ -20,14 +20,13 @@ from datetime import UTC, datetime
 
 from psycopg_pool import ConnectionPool
 
-from paycron import metrics
+from paycron import metrics, policy
 from paycron.breaker import BreakerState, CircuitBreaker
 from paycron.config import Config
 from paycron.enums import FailureReason, Outcome, Status
 from paycron.errors import GatewayError
 from paycron.gateway_client import CallResult, Gateway
 from paycron.pacing import CallLimiter
-from paycron.retry import Decision, decide
 from paycron.transitions import Claim, Finished, finish, release, start
 
 log = logging.getLogger("paycron.execution")
@@ -48,16 +47,17 @@ class GroupCounts:
 
 def look_up_before_parking(gateway: Gateway, done: Finished) -> Finished:
     """An exhausted payment whose calls may have charged is asked about by
-    reference before it is parked: found means COMPLETED."""
+    reference before it is parked; :func:`policy.after_lookup` decides."""
     try:
         charge = gateway.find_charge(str(done.row["id"]))
     except GatewayError as exc:
         log.warning("lookup before parking failed for %s: %s", done.row["id"], exc)
         return done
+    decision = policy.after_lookup(done.decision, charged=charge is not None)
     if charge is None:
-        return done
-    result = CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=charge.id)
-    return Finished(done.row, result, Decision(Status.COMPLETED, failures=done.decision.failures))
+        return Finished(done.row, done.result, decision)
+    return Finished(done.row, CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=charge.id),
+                    decision)
 
 
 class Executor:
@@ -121,6 +121,6 @@ class Executor:
         )
         metrics.GATEWAY_LATENCY.observe(time.monotonic() - started)
         metrics.GATEWAY_CALLS.labels(result.outcome.value).inc()
-        decision = decide(result, failures=row["failures"], in_doubt=row["in_doubt"],
-                          config=self.config)
+        decision = policy.decide(result, failures=row["failures"], in_doubt=row["in_doubt"],
+                                 config=self.config)
         return Finished(row, result, decision)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import urllib3
 
+from paycron.config import Config
 from paycron.enums import Outcome
 from paycron.errors import GatewayError
 
@@ -22,17 +23,15 @@ class CallResult:
     """What one charge call ended as.
 
     ``in_doubt``: the call may have charged without telling us (timeout,
-    dropped connection, 5xx). ``uses_budget``: it counts as a retryable
-    failure in the payment's budget (a 429 does not: pacing is the answer).
-    ``breaker_failure``: it counts against the gateway's health (429s and
-    declines do not).
+    dropped connection, 5xx). ``breaker_failure``: it counts against the
+    gateway's health (429s and declines do not). Whether it uses budget is
+    the policy's rule (paycron/policy.py), not the call's.
     """
 
     outcome: Outcome
     gateway_ref: str | None = None
     error_code: str | None = None
     in_doubt: bool = False
-    uses_budget: bool = False
     retry_after: float | None = None
 
     @property
@@ -59,6 +58,8 @@ class Gateway(Protocol):
     def refund(self, *, charge_id: str, idempotency_key: str) -> dict: ...
 
     def settlement_report(self, day: str) -> str: ...
+
+    def close(self) -> None: ...
 
 
 def _json(response: urllib3.BaseHTTPResponse):
@@ -96,14 +97,14 @@ def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
         # Our key is being processed by another request (a zombie's call):
         # its outcome is unknown to us until we ask again.
         return CallResult(Outcome.AMBIGUOUS, error_code="idempotency_key_in_use",
-                          in_doubt=True, uses_budget=True)
+                          in_doubt=True)
     if status >= 500:
         # A 5xx may come from behind the charge: treat it as in doubt.
         return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}",
-                          in_doubt=True, uses_budget=True)
+                          in_doubt=True)
     # Any other 4xx is our bug or a gateway contract change: retry within the
     # budget, then park for a human rather than guess a decline.
-    return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}", uses_budget=True)
+    return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}")
 
 
 #: The request never left us: a definitive non-charge.
@@ -146,12 +147,11 @@ class HttpGateway:
                 headers={"Idempotency-Key": idempotency_key},
             )
         except _NOT_SENT as exc:
-            return CallResult(Outcome.RETRYABLE_ERROR, error_code=type(exc).__name__,
-                              uses_budget=True)
+            return CallResult(Outcome.RETRYABLE_ERROR, error_code=type(exc).__name__)
         except urllib3.exceptions.HTTPError as exc:
             # Sent, then no answer (timeout, dropped connection): never guess.
             return CallResult(Outcome.AMBIGUOUS, error_code=type(exc).__name__,
-                              in_doubt=True, uses_budget=True)
+                              in_doubt=True)
         return classify(response)
 
     def _get(self, path: str, **params):
@@ -183,3 +183,9 @@ class HttpGateway:
 
     def settlement_report(self, day: str) -> str:
         return self._get("/v1/settlement-report", date=day).data.decode()
+
+
+def build_gateway(config: Config, *, max_connections: int = 64) -> Gateway:
+    """The processor adapter this configuration names, for a composition root."""
+    return HttpGateway(config.gateway_url, timeout=config.gateway_timeout_seconds,
+                       max_connections=max_connections)

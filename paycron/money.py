@@ -20,10 +20,6 @@ USD UYU UZS VES VND VUV WST XAF XCD XCG XOF XPF YER ZAR ZMW ZWG
 """.split())
 
 
-def is_currency(code: object) -> bool:
-    return isinstance(code, str) and code in ISO_4217
-
-
 def is_minor_units(value: object) -> bool:
     """A JSON integer: not a bool (a Python int subclass), not 25.0, not "25"."""
     return type(value) is int

@@ -51,11 +51,6 @@ class CallLimiter:
         self.limit = config.gateway_rate_limit
         self._sleep = sleep
 
-    def take(self, want: int) -> int:
-        """Up to ``want`` call tokens from this second, without waiting."""
-        granted, _ = self._take(keys=[self._key], args=[want, self.limit])
-        return int(granted)
-
     def acquire(self, n: int = 1) -> None:
         """Block until ``n`` calls fit in the shared per-second window."""
         while n > 0:

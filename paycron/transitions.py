@@ -17,11 +17,13 @@ from datetime import UTC, datetime
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from paycron import policy
+from paycron.config import Config
 from paycron.enums import CancelOutcome, Status
 from paycron.gateway_client import CallResult
 from paycron.ids import due_range
 from paycron.payments import get_payment
-from paycron.retry import Decision
+from paycron.policy import Decision
 from paycron.sql import q
 
 log = logging.getLogger("paycron.transitions")
@@ -105,6 +107,12 @@ def claim_due(conn: Connection, *, limit: int, lease_seconds: float) -> list[Cla
     return [Claim(r["id"], r["due_at"], r["attempt"]) for r in rows]
 
 
+def count_unfinished(conn: Connection) -> int:
+    """PROCESSING rows: claimed, and queued for a worker or in flight."""
+    return conn.execute(q("count_unfinished"), {"now": datetime.now(UTC)},
+                        prepare=True).fetchone()["n"]
+
+
 def _claim_params(claims: Sequence[Claim]) -> dict:
     return {
         "ids": [c.payment_id for c in claims],
@@ -172,12 +180,25 @@ def finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
     return rows
 
 
-def reap_expired(conn: Connection, *, limit: int, max_lease_expiries: int) -> list[dict]:
-    """PROCESSING rows past their lease -> PENDING (in doubt if a call was in
-    flight), or FAILED ``LEASE_EXPIRED_REPEATEDLY`` at the limit."""
-    rows = conn.execute(q("reap_expired"), {
-        "limit": limit, "max_lease_expiries": max_lease_expiries, "now": datetime.now(UTC),
-    }, prepare=True).fetchall()
+def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
+    """PROCESSING rows past their lease -> the state :func:`policy.after_lease_expiry`
+    decides (PENDING, in doubt if a call was in flight; or FAILED
+    ``LEASE_EXPIRED_REPEATEDLY``). Lock, decide, write: one transaction."""
+    with conn.transaction():
+        locked = conn.execute(q("lock_expired"), {"limit": limit, "now": datetime.now(UTC)},
+                              prepare=True).fetchall()
+        if not locked:
+            return []
+        decisions = [policy.after_lease_expiry(
+            lease_expiries=r["lease_expiries"], failures=r["failures"], in_doubt=r["in_doubt"],
+            call_in_flight=r["call_in_flight"], config=config) for r in locked]
+        rows = conn.execute(q("reap_locked"), {
+            "ids": [r["id"] for r in locked], "due_ats": [r["due_at"] for r in locked],
+            "attempts": [r["attempt"] for r in locked],
+            "statuses": [d.status.value for d in decisions],
+            "failure_reasons": [d.failure_reason and d.failure_reason.value for d in decisions],
+            "in_doubts": [d.in_doubt for d in decisions],
+        }, prepare=True).fetchall()
     for r in rows:
         log_transition(r["id"], Status.PROCESSING, r["status"], reason="lease_expired",
                        in_doubt=r["in_doubt"])

@@ -33,6 +33,14 @@ ORDER BY run_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
+-- name: count_unfinished
+-- Claims not yet finished (queued for a worker or in flight): the sweep
+-- claims no more than the workers can call before the leases run out. The
+-- reaper's partial index answers it; future partitions are pruned at plan
+-- time as in lock_due.
+SELECT count(*) AS n FROM payments
+WHERE status = 'PROCESSING' AND due_at <= %(now)s;
+
 -- name: claim_locked
 -- The claim, step 2: PENDING -> PROCESSING for the rows step 1 locked,
 -- stamping a lease and attempt + 1, with their events. A separate statement
@@ -163,38 +171,53 @@ WITH claim AS (
 )
 SELECT id FROM released;
 
--- name: reap_expired
--- PROCESSING rows whose lease ran out go back to PENDING (or park after
--- MAX_LEASE_EXPIRIES), guarded on status + lease + attempt so a row that
--- just completed is never overwritten. An attempt row still IN_FLIGHT means
--- the call may have landed: mark it LEASE_EXPIRED (unless its worker already
--- wrote it) and put the payment in doubt.
-WITH expired AS (
-    SELECT id, due_at, attempt FROM payments
-    WHERE status = 'PROCESSING' AND lease_until < now() AND due_at <= %(now)s
-    ORDER BY lease_until
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+-- name: lock_expired
+-- The reap, step 1 (one transaction with reap_locked): lock up to
+-- %(limit)s PROCESSING rows whose lease ran out, with what the policy needs
+-- to decide their next state (paycron.policy.after_lease_expiry): their
+-- counters, and whether their attempt's call was still IN_FLIGHT (it may
+-- have landed). SKIP LOCKED: a row its worker is finishing right now is
+-- left to that worker.
+SELECT p.id, p.due_at, p.attempt, p.lease_expiries, p.failures, p.in_doubt,
+       coalesce(a.outcome = 'IN_FLIGHT', false) AS call_in_flight
+FROM payments p
+LEFT JOIN attempts a ON a.payment_id = p.id AND a.attempt = p.attempt
+WHERE p.status = 'PROCESSING' AND p.lease_until < now() AND p.due_at <= %(now)s
+ORDER BY p.lease_until
+LIMIT %(limit)s
+FOR UPDATE OF p SKIP LOCKED;
+
+-- name: reap_locked
+-- The reap, step 2: each locked row to the state the policy decided
+-- (PENDING, or FAILED LEASE_EXPIRED_REPEATEDLY), guarded again on status +
+-- lease + attempt so a row that completed is never overwritten (River
+-- #1302). Its attempt row, if still IN_FLIGHT, is marked LEASE_EXPIRED
+-- (unless its worker already wrote it: the real outcome wins); an event per
+-- row; a dead letter for each row parked.
+WITH decided AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[],
+                         %(statuses)s::text[], %(failure_reasons)s::text[],
+                         %(in_doubts)s::bool[])
+        AS d(id, due_at, attempt, status, failure_reason, in_doubt)
 ), marked AS (
     UPDATE attempts a SET outcome = 'LEASE_EXPIRED', finished_at = now()
-    FROM expired e
-    WHERE a.payment_id = e.id AND a.attempt = e.attempt AND a.outcome = 'IN_FLIGHT'
+    FROM decided d
+    WHERE a.payment_id = d.id AND a.attempt = d.attempt AND a.outcome = 'IN_FLIGHT'
     RETURNING a.payment_id
 ), reaped AS (
     UPDATE payments p
-    SET status = CASE WHEN p.lease_expiries + 1 >= %(max_lease_expiries)s
-                      THEN 'FAILED' ELSE 'PENDING' END,
-        failure_reason = CASE WHEN p.lease_expiries + 1 >= %(max_lease_expiries)s
-                              THEN 'LEASE_EXPIRED_REPEATEDLY' END,
+    SET status = d.status,
+        failure_reason = d.failure_reason,
         lease_expiries = p.lease_expiries + 1,
-        in_doubt = p.in_doubt OR p.id IN (SELECT payment_id FROM marked),
+        in_doubt = d.in_doubt,
         last_error = 'lease_expired',
         lease_until = NULL,
         run_at = greatest(p.run_at, p.due_at),
         updated_at = now()
-    FROM expired e
-    WHERE p.id = e.id AND p.due_at = e.due_at AND p.status = 'PROCESSING'
-      AND p.attempt = e.attempt AND p.lease_until < now() AND p.due_at <= %(now)s
+    FROM decided d
+    WHERE p.id = d.id AND p.due_at = d.due_at AND p.status = 'PROCESSING'
+      AND p.attempt = d.attempt AND p.lease_until < now()
+      AND p.due_at = ANY(%(due_ats)s::timestamptz[])
     RETURNING p.id, p.due_at, p.payer, p.status, p.attempt, p.in_doubt
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)

@@ -1,88 +1,99 @@
-"""``python -m scheduler``: sweep, reap and keep partitions, in one loop;
-relay webhooks in a thread of their own.
+"""``python -m scheduler``: the scheduler process's composition root.
 
-The composition root of the scheduler process. No leader: run as many as
-you like; SKIP LOCKED, the shared pacing bucket and the guarded reaper make
-them cooperate through Postgres and Redis alone.
+It reads :class:`Config`, reports to Sentry as "scheduler", builds the
+pools, the Redis client and a broker to send with, and runs each periodic
+service (sweeper, reaper, partition keeper, webhook relay) in a thread of
+its own until SIGTERM. No leader: run as many as you like; SKIP LOCKED, the
+shared pacing bucket and the guarded reaper make them cooperate through
+Postgres and Redis alone. It sends the workers' message (paycron.messages)
+without importing the worker's wiring.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-import time
+import threading
+from dataclasses import dataclass
 
-import redis
+from dramatiq.brokers.redis import RedisBroker
+from psycopg_pool import ConnectionPool
 
 from paycron.breaker import CircuitBreaker
-from paycron.db import make_pool
+from paycron.config import Config
+from paycron.db import make_pool, make_redis
+from paycron.messages import execute_message
 from paycron.metrics import serve_metrics
-from paycron.observability import configure_logging
+from paycron.observability import configure_logging, init_sentry
 from paycron.pacing import ClaimPacer
 from scheduler.partition_keeper import PartitionKeeper
 from scheduler.reaper import Reaper
 from scheduler.relay import RelayConfig, WebhookRelay
-from scheduler.sweeper import Sweeper
+from scheduler.service import PeriodicService
+from scheduler.sweeper import Sweeper, SweepSettings
 
 log = logging.getLogger("paycron.scheduler")
 
-#: Partitions are checked hourly: the horizon has a week of margin.
-KEEPER_INTERVAL_SECONDS = 3600
+
+@dataclass
+class Scheduler:
+    """Everything one scheduler process runs, and what it must close."""
+
+    services: list[PeriodicService]
+    pools: list[ConnectionPool]
+    broker: RedisBroker
+
+    def run(self, stop: threading.Event) -> None:
+        threads = [service.start(stop) for service in self.services]
+        stop.wait()
+        for thread in threads:
+            thread.join()
+        self.close()
+
+    def close(self) -> None:
+        for service in self.services:
+            service.close()
+        for pool in self.pools:
+            pool.close()
+        self.broker.close()
+
+
+def build(config: Config) -> Scheduler:
+    """Wire the scheduler from ``config`` (Sentry first, as every root does)."""
+    init_sentry(config, component="scheduler")
+    relay_config = RelayConfig.from_config(config)  # validated before anything starts
+    client = make_redis(config)
+    broker = RedisBroker(url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq")
+    pool = make_pool(config, max_size=4, name="scheduler")
+    # Webhooks have their own pool: a slow endpoint never holds a sweep's connection.
+    relay_pool = make_pool(config, max_size=relay_config.pool_size, name="relay")
+
+    def enqueue(claims, probe):
+        broker.enqueue(execute_message(claims, probe=probe, queue_name=config.queue_name))
+
+    breaker = CircuitBreaker(client, config)
+    services = [
+        Sweeper(settings=SweepSettings.from_config(config), pool=pool,
+                pacer=ClaimPacer(client, config), breaker=breaker, enqueue=enqueue),
+        Reaper(config=config, pool=pool),
+        PartitionKeeper(config=config, pool=pool),
+        WebhookRelay(pool=relay_pool, config=relay_config),
+    ]
+    return Scheduler(services=services, pools=[pool, relay_pool], broker=broker)
 
 
 def main() -> None:
     configure_logging()
-    # Importing tasks configures Sentry and the broker from the environment.
-    from tasks import broker, config, execute_payments
-    from tasks.execute import encode_claims
-
+    config = Config.from_env()
     serve_metrics(config.metrics_port, component="scheduler")
-    client = redis.Redis.from_url(config.redis_url or "redis://127.0.0.1:6379/0")
-    pool = make_pool(config, max_size=4, name="scheduler")
-    queue_key = f"{broker.namespace}:{config.queue_name}"
-
-    def enqueue(claims, probe):
-        execute_payments.send(encode_claims(list(claims)), probe)
-
-    def queued_claims() -> int:
-        return client.llen(queue_key) * config.group_size
-
-    sweeper = Sweeper(config=config, pool=pool, pacer=ClaimPacer(client, config),
-                      breaker=CircuitBreaker(client, config), enqueue=enqueue,
-                      queued_claims=queued_claims)
-    reaper = Reaper(config=config, pool=pool)
-    keeper = PartitionKeeper(config=config, pool=pool)
-    # Webhooks in their own thread and pool: a slow endpoint never delays a sweep.
-    relay_config = RelayConfig.from_config(config)
-    relay = WebhookRelay(pool=make_pool(config, max_size=relay_config.pool_size, name="relay"),
-                         config=relay_config)
-    relay.start()
-
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    signal.signal(signal.SIGINT, lambda *_: stop.append(True))
-    next_keep = 0.0
+    scheduler = build(config)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     log.info("scheduler started: rate=%s/s batch=%s lease=%ss group=%s",
              config.gateway_rate_limit, config.claim_batch, config.lease_seconds,
              config.group_size)
-    while not stop:
-        try:
-            if time.monotonic() >= next_keep:
-                keeper.run_once()
-                next_keep = time.monotonic() + KEEPER_INTERVAL_SECONDS
-            reaper.run_once()
-            counts = sweeper.run_once()
-            if counts.claimed:
-                log.info("sweep %s", counts)
-        except Exception:  # a database or Redis outage: log, back off, go on
-            log.exception("scheduler tick failed")
-            time.sleep(min(5.0, config.sweep_interval_seconds * 2))
-            continue
-        # Sleep only when the sweep came back short (drained or paced).
-        time.sleep(config.sweep_interval_seconds)
-    relay.close()
-    relay.pool.close()
-    pool.close()
+    scheduler.run(stop)
 
 
 if __name__ == "__main__":

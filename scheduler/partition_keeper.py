@@ -10,8 +10,12 @@ from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
 from paycron.partitions import days_ahead, detach_settled, ensure_partitions
+from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.partitions")
+
+#: Partitions are checked hourly: the horizon has a week of margin.
+KEEPER_INTERVAL_SECONDS = 3600.0
 
 
 @dataclass
@@ -21,9 +25,12 @@ class KeeperCounts:
     days_ahead: int = 0
 
 
-class PartitionKeeper:
+class PartitionKeeper(PeriodicService):
+    name = "partition-keeper"
+    interval_seconds = KEEPER_INTERVAL_SECONDS
+
     def __init__(self, *, config: Config, pool: ConnectionPool):
-        self.config = config
+        self.config = config  # horizon, margin and retention
         self.pool = pool
 
     def run_once(self) -> KeeperCounts:

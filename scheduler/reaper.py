@@ -1,8 +1,9 @@
 """The reaper: PROCESSING rows whose lease ran out go back to PENDING.
 
-Guarded on status + lease + attempt in one statement (River #1302 is what
-an id-only guard does). The next claim re-asks the gateway with the same
-key, which answers for the lost call.
+Guarded on status + lease + attempt (River #1302 is what an id-only guard
+does); where each row goes is :func:`paycron.policy.after_lease_expiry`'s
+decision. The next claim re-asks the gateway with the same key, which
+answers for the lost call.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from psycopg_pool import ConnectionPool
 from paycron import metrics
 from paycron.config import Config
 from paycron.transitions import reap_expired
+from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.reaper")
 
@@ -29,9 +31,13 @@ class ReapCounts:
     in_doubt: int = 0
 
 
-class Reaper:
+class Reaper(PeriodicService):
+    name = "reaper"
+
     def __init__(self, *, config: Config, pool: ConnectionPool, batch: int = REAP_BATCH):
-        self.config = config
+        self.config = config  # the policy's settings (MAX_LEASE_EXPIRIES)
+        # Leases are minutes long: checking as often as the sweep is plenty.
+        self.interval_seconds = config.sweep_interval_seconds
         self.pool = pool
         self.batch = batch
 
@@ -39,8 +45,7 @@ class Reaper:
         counts = ReapCounts()
         while True:
             with self.pool.connection() as conn:
-                rows = reap_expired(conn, limit=self.batch,
-                                    max_lease_expiries=self.config.max_lease_expiries)
+                rows = reap_expired(conn, limit=self.batch, config=self.config)
             counts.reaped += len(rows)
             counts.parked += sum(1 for r in rows if r["status"] == "FAILED")
             counts.in_doubt += sum(1 for r in rows if r["in_doubt"])

@@ -46,42 +46,39 @@ from paycron.config import Config
 from paycron.errors import ConfigError
 from paycron.events import to_wire
 from paycron.webhooks import Lease, Recorded
+from scheduler.service import ERROR_PAUSE_SECONDS, PeriodicService
 
 log = logging.getLogger("paycron.relay")
 
-#: Endpoints served at once (threads); also the claim batch.
-DEFAULT_CONCURRENCY = Config.webhook_concurrency
-#: One request's limit: a hung endpoint costs a worker this long, then backs off.
-DEFAULT_TIMEOUT_SECONDS = Config.webhook_timeout_seconds
 #: Events sent per claim before the endpoint goes to the back of the queue.
 DEFAULT_BATCH = 100
-#: A claim's lease; sends start only in its first half (see ``_serve``).
+#: A claim's lease, at least; sends start only in its first half (see ``_serve``).
 DEFAULT_LEASE_SECONDS = 60.0
 #: Idle poll: how soon a new event is noticed when nothing is in flight.
 DEFAULT_POLL_SECONDS = 0.5
-#: After a failed delivery: this, doubling per attempt, capped, ± jitter.
+#: After a failed delivery: this, doubling per attempt, capped
+#: (WEBHOOK_BACKOFF_MAX_SECONDS), ± jitter.
 DEFAULT_BACKOFF_BASE_SECONDS = 1.0
-DEFAULT_BACKOFF_MAX_SECONDS = Config.webhook_backoff_max_seconds
 DEFAULT_BACKOFF_JITTER = 0.2
 #: Response bytes read (for keep-alive); a longer body drops the connection.
 _MAX_RESPONSE_BYTES = 4096
-#: After a failed claim (database down), wait this long before the next.
-_ERROR_PAUSE_SECONDS = 5.0
 _USER_AGENT = "paycron-webhooks/1"
 
 
 @dataclass(frozen=True)
 class RelayConfig:
-    concurrency: int = DEFAULT_CONCURRENCY
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    batch: int = DEFAULT_BATCH
+    """The relay's section of the configuration: what the environment sets
+    (WEBHOOK_*, through :meth:`from_config`) and the relay's own constants."""
+
+    concurrency: int  # WEBHOOK_CONCURRENCY: endpoints served at once; also the claim batch
+    timeout_seconds: float  # WEBHOOK_TIMEOUT_SECONDS: one delivery's limit
+    backoff_max_seconds: float  # WEBHOOK_BACKOFF_MAX_SECONDS
+    allow_private_hosts: bool  # WEBHOOK_ALLOW_PRIVATE_HOSTS: loopback/private receivers too
     lease_seconds: float = DEFAULT_LEASE_SECONDS
+    batch: int = DEFAULT_BATCH
     poll_seconds: float = DEFAULT_POLL_SECONDS
     backoff_base_seconds: float = DEFAULT_BACKOFF_BASE_SECONDS
-    backoff_max_seconds: float = DEFAULT_BACKOFF_MAX_SECONDS
     backoff_jitter: float = DEFAULT_BACKOFF_JITTER
-    #: WEBHOOK_ALLOW_PRIVATE_HOSTS: deliver to loopback/private addresses too.
-    allow_private_hosts: bool = False
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.batch < 1:
@@ -98,13 +95,17 @@ class RelayConfig:
             raise ConfigError("WEBHOOK_BACKOFF_MAX_SECONDS must be >= the base backoff (1 s)")
 
     @classmethod
-    def from_config(cls, config: Config) -> RelayConfig:
-        """The relay's settings from the environment's (WEBHOOK_*)."""
-        timeout = config.webhook_timeout_seconds
-        return cls(concurrency=config.webhook_concurrency, timeout_seconds=timeout,
-                   backoff_max_seconds=config.webhook_backoff_max_seconds,
-                   lease_seconds=max(DEFAULT_LEASE_SECONDS, 4 * timeout),
-                   allow_private_hosts=config.webhook_allow_private_hosts)
+    def from_config(cls, config: Config, **overrides) -> RelayConfig:
+        """The relay's settings from the environment's; a long timeout stretches
+        the lease (4 x timeout) rather than failing the lease/4 rule."""
+        timeout = overrides.pop("timeout_seconds", config.webhook_timeout_seconds)
+        settings = {
+            "concurrency": config.webhook_concurrency, "timeout_seconds": timeout,
+            "backoff_max_seconds": config.webhook_backoff_max_seconds,
+            "allow_private_hosts": config.webhook_allow_private_hosts,
+            "lease_seconds": max(DEFAULT_LEASE_SECONDS, 4 * timeout),
+        }
+        return cls(**{**settings, **overrides})
 
     @property
     def pool_size(self) -> int:
@@ -124,11 +125,14 @@ class RelayCounts:
         self.failed += other.failed
 
 
-class WebhookRelay:
-    def __init__(self, *, pool: ConnectionPool, config: RelayConfig | None = None,
+class WebhookRelay(PeriodicService):
+    name = "webhook-relay"
+
+    def __init__(self, *, pool: ConnectionPool, config: RelayConfig,
                  rng: random.Random | None = None):
         self.pool = pool
-        self.config = config or RelayConfig()
+        self.config = config
+        self.interval_seconds = config.poll_seconds
         self._rng = rng or random.Random()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -151,9 +155,12 @@ class WebhookRelay:
             if len(leases) < self.config.concurrency:
                 return counts
 
-    def run(self) -> None:
-        """Deliver until :meth:`stop`. A worker is given a new endpoint as soon
-        as it is free, never held back by a slow one elsewhere."""
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Deliver until ``stop`` (or :meth:`stop`). A worker is given a new
+        endpoint as soon as it is free, never held back by a slow one
+        elsewhere: the one service whose loop is not "run once, then sleep"."""
+        if stop is not None:
+            self._stopping = stop
         running: set[Future] = set()
         while not self._stopping.is_set():
             finished = {f for f in running if f.done()}
@@ -166,7 +173,7 @@ class WebhookRelay:
                 leases = self._claim(free) if free else []
             except Exception:  # a database outage: log, back off, go on
                 log.exception("webhook relay claim failed")
-                self._stopping.wait(_ERROR_PAUSE_SECONDS)
+                self._stopping.wait(ERROR_PAUSE_SECONDS)
                 continue
             running |= {self._executor.submit(self._serve, lease) for lease in leases}
             if running:
@@ -175,9 +182,10 @@ class WebhookRelay:
                 self._stopping.wait(self.config.poll_seconds)
         wait(running)
 
-    def start(self) -> threading.Thread:
+    def start(self, stop: threading.Event | None = None) -> threading.Thread:
         """:meth:`run` in a daemon thread of its own (the scheduler's way)."""
-        self._thread = threading.Thread(target=self.run, name="webhook-relay", daemon=True)
+        self._thread = threading.Thread(target=self.run, args=(stop,), name=self.name,
+                                        daemon=True)
         self._thread.start()
         return self._thread
 

@@ -1,4 +1,7 @@
-"""The worker process's composition root: config, Sentry, broker."""
+"""The worker process's composition root (``dramatiq tasks`` imports it):
+config from the environment, Sentry as "worker" (before the broker: its
+Dramatiq integration patches the broker's constructor), the Redis broker.
+What an actor needs at run time is built per process in tasks/runtime.py."""
 
 from __future__ import annotations
 

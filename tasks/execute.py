@@ -7,25 +7,15 @@ lease the reaper returns; a duplicated or late one is dropped by the fence.
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime
-
 import dramatiq
 
-from paycron.transitions import Claim
+from paycron.messages import EXECUTE_ACTOR, decode_claims
 from tasks.broker import config
 from tasks.runtime import executor
 
 
-def encode_claims(claims: list[Claim]) -> list[list]:
-    return [[str(c.payment_id), c.due_at.isoformat(), c.attempt] for c in claims]
-
-
-def decode_claims(raw: list[list]) -> list[Claim]:
-    return [Claim(uuid.UUID(pid), datetime.fromisoformat(due), int(n)) for pid, due, n in raw]
-
-
 @dramatiq.actor(
+    actor_name=EXECUTE_ACTOR,
     queue_name=config.queue_name,
     max_retries=0,
     # The whole group's calls fit in half a lease (Config.group_size).

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import threading
 
-import redis
-
 from paycron.breaker import CircuitBreaker
 from paycron.config import Config
-from paycron.db import make_pool
+from paycron.db import make_pool, make_redis
 from paycron.execution import Executor
-from paycron.gateway_client import HttpGateway
+from paycron.gateway_client import build_gateway
 from paycron.metrics import serve_metrics
 from paycron.pacing import CallLimiter
 
@@ -21,11 +19,11 @@ _executor: Executor | None = None
 
 def build_executor(config: Config) -> Executor:
     serve_metrics(config.metrics_port, component="worker")
-    client = redis.Redis.from_url(config.redis_url or "redis://127.0.0.1:6379/0")
+    client = make_redis(config)
     return Executor(
         config=config,
         pool=make_pool(config, max_size=config.db_pool_max, name="worker"),
-        gateway=HttpGateway(config.gateway_url, timeout=config.gateway_timeout_seconds),
+        gateway=build_gateway(config),
         breaker=CircuitBreaker(client, config),
         call_limiter=CallLimiter(client, config),
     )

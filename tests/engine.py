@@ -15,7 +15,7 @@ from paycron.gateway_client import HttpGateway
 from paycron.pacing import ClaimPacer
 from paycron.transitions import Claim
 from scheduler.reaper import Reaper
-from scheduler.sweeper import Sweeper
+from scheduler.sweeper import Sweeper, SweepSettings
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Engine:
                                    timeout=self.config.gateway_timeout_seconds)
         self.executor = Executor(config=self.config, pool=self.pool, gateway=self.gateway,
                                  breaker=self.breaker, call_limiter=None)
-        self.sweeper = Sweeper(config=self.config, pool=self.pool,
+        self.sweeper = Sweeper(settings=SweepSettings.from_config(self.config), pool=self.pool,
                                pacer=ClaimPacer(self.redis, self.config), breaker=self.breaker,
                                enqueue=lambda claims, probe: self.messages.append(
                                    (list(claims), probe)))

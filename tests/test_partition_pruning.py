@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from paycron import payments, transitions
+from paycron.config import Config
 from paycron.ids import due_range
 from paycron.sql import q
 from tests.factories import insert_payment
@@ -39,8 +40,11 @@ def claim_params(row):
 
 STATEMENTS = {
     "claim_due": lambda conn, row: transitions.claim_due(conn, limit=100, lease_seconds=30),
-    "reap_expired": lambda conn, row: transitions.reap_expired(conn, limit=100,
-                                                               max_lease_expiries=5),
+    "reap_expired": lambda conn, row: transitions.reap_expired(conn, limit=100, config=Config()),
+    "reap_locked": lambda conn, row: conn.execute(q("reap_locked"), {
+        **claim_params(row), "statuses": ["PENDING"], "failure_reasons": [None],
+        "in_doubts": [True]}),
+    "count_unfinished": lambda conn, row: transitions.count_unfinished(conn),
     "start_attempts": lambda conn, row: conn.execute(q("start_attempts"), {
         **claim_params(row), "lease_seconds": 30, "worker": "w"}),
     "release_claims": lambda conn, row: conn.execute(q("release_claims"), claim_params(row)),

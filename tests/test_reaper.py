@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from paycron import transitions
 from paycron.enums import Outcome, Status
 from paycron.gateway_client import CallResult
-from paycron.retry import Decision
+from paycron.policy import Decision
 from paycron.transitions import Claim, Finished
 from tests.factories import insert_payment
 

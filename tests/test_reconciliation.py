@@ -566,8 +566,7 @@ class ResponsesLost(HttpGateway):
     def charge(self, **kwargs) -> CallResult:
         result = super().charge(**kwargs)
         if result.outcome is Outcome.SUCCEEDED:
-            return CallResult(Outcome.AMBIGUOUS, error_code="ProtocolError", in_doubt=True,
-                              uses_budget=True)
+            return CallResult(Outcome.AMBIGUOUS, error_code="ProtocolError", in_doubt=True)
         return result
 
     def find_charge(self, reference):

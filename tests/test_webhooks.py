@@ -3,6 +3,7 @@ that verify each signature with the endpoint's secret."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -26,9 +27,10 @@ from tests.factories import insert_event
 
 URL = "/v1/webhook-endpoints"
 #: Fast relay settings: a 1 s timeout, backoff from 50 ms doubling to 400 ms.
-FAST = RelayConfig(allow_private_hosts=True,  # the receivers listen on loopback
-                   timeout_seconds=1.0, lease_seconds=10.0, poll_seconds=0.02,
-                   backoff_base_seconds=0.05, backoff_max_seconds=0.4)
+FAST = RelayConfig.from_config(
+    Config(webhook_allow_private_hosts=True),  # the receivers listen on loopback
+    timeout_seconds=1.0, lease_seconds=10.0, poll_seconds=0.02,
+    backoff_base_seconds=0.05, backoff_max_seconds=0.4)
 #: Another session on the shared server may hold the snapshot's xmin back
 #: for a moment; waits for deliveries allow this long.
 SETTLE_SECONDS = 15.0
@@ -108,7 +110,7 @@ def relays(config):
     made = []
 
     def make(**settings) -> WebhookRelay:
-        relay_config = RelayConfig(**{**FAST.__dict__, **settings})
+        relay_config = dataclasses.replace(FAST, **settings)
         pool = make_pool(config, max_size=relay_config.pool_size, name="relay-test")
         relay = WebhookRelay(pool=pool, config=relay_config, rng=random.Random(7))
         made.append(relay)
@@ -226,7 +228,9 @@ def test_events_arrive_signed_in_order_from_the_endpoints_creation_on(
     earlier = insert_event(conn)
     receiver = receivers()
     endpoint = register(client, alice, receiver)
-    ids = [insert_event(conn, type=f"payment.t{i}") for i in range(5)]
+    types = ["payment.created", "payment.processing", "payment.pending", "payment.processing",
+             "payment.completed"]
+    ids = [insert_event(conn, type=t) for t in types]
     relay = relays()
 
     until(lambda: len(receiver.requests) >= 5, relay)
@@ -237,7 +241,7 @@ def test_events_arrive_signed_in_order_from_the_endpoints_creation_on(
     assert [int(r["event_id"]) for r in receiver.requests] == ids
     first = receiver.requests[0]["event"]
     assert set(first) == {"id", "type", "paymentId", "status", "attempt", "data", "createdAt"}
-    assert first["type"] == "payment.t0"
+    assert [r["event"]["type"] for r in receiver.requests] == types
 
     rows = deliveries(conn, endpoint)
     assert [r["event_id"] for r in rows] == ids
@@ -460,7 +464,7 @@ def test_backoff_doubles_to_its_cap_with_jitter():
 
 def test_the_relay_refuses_a_timeout_its_lease_cannot_cover():
     with pytest.raises(ConfigError):
-        RelayConfig(timeout_seconds=5, lease_seconds=10)
+        RelayConfig.from_config(Config(), timeout_seconds=5, lease_seconds=10)
 
 
 @pytest.mark.parametrize("url", [
@@ -498,7 +502,6 @@ def test_relay_settings_come_from_the_environment():
     assert relay.allow_private_hosts
     # a long timeout stretches the lease instead of failing the lease/4 rule
     assert relay.lease_seconds == 120
-    assert RelayConfig.from_config(Config()) == RelayConfig()
     for bad in ({"WEBHOOK_CONCURRENCY": "0"}, {"WEBHOOK_TIMEOUT_SECONDS": "0"},
                 {"WEBHOOK_BACKOFF_MAX_SECONDS": "0"}, {"WEBHOOK_BACKOFF_MAX_SECONDS": "500ms"}):
         with pytest.raises(ConfigError):

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-import redis
 from flask import Flask
 
 from paycron.apikeys import PrincipalCache
 from paycron.breaker import CircuitBreaker
 from paycron.config import Config
-from paycron.db import make_pool
-from paycron.gateway_client import HttpGateway
+from paycron.db import make_pool, make_redis
+from paycron.gateway_client import build_gateway
 from paycron.observability import init_sentry
 from web import admin, events, health, metrics, openapi, payments, webhooks
 from web.problems import register_error_handlers
@@ -20,7 +19,9 @@ from web.schemas import now_utc
 
 
 def create_app(config: Config | None = None, clock: Callable[[], datetime] = now_utc) -> Flask:
-    """The composition root of the web process. ``clock`` is for tests."""
+    """The composition root of the web process: config, Sentry as "web", the
+    pool, the Redis client, the gateway adapter, the blueprints. ``clock``
+    is for tests."""
     config = config or Config.from_env()
     init_sentry(config, component="web")
     app = Flask(__name__)
@@ -30,14 +31,11 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     app.extensions["paycron.clock"] = clock
     app.extensions["paycron.pool"] = make_pool(config, name="web")
     app.extensions["paycron.principals"] = PrincipalCache(config.api_key_cache_seconds)
-    app.extensions["paycron.redis"] = (
-        redis.Redis.from_url(config.redis_url, socket_timeout=2, socket_connect_timeout=2)
-        if config.redis_url else None
-    )
-    app.extensions["paycron.gateway"] = HttpGateway(
-        config.gateway_url, timeout=config.gateway_timeout_seconds, max_connections=4)
-    breaker = (CircuitBreaker(app.extensions["paycron.redis"], config)
-               if app.extensions["paycron.redis"] is not None else None)
+    # Short command timeouts: a readiness probe must answer while Redis hangs.
+    app.extensions["paycron.redis"] = make_redis(config, timeout=2)
+    # Only the admin dead-letter actions ask the gateway, one at a time.
+    app.extensions["paycron.gateway"] = build_gateway(config, max_connections=4)
+    breaker = CircuitBreaker(app.extensions["paycron.redis"], config)
     register_error_handlers(app)
     metrics.install(app, breaker=breaker)
     app.register_blueprint(health.bp)

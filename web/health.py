@@ -22,11 +22,8 @@ def _postgres_ok() -> bool:
 
 
 def _redis_ok() -> bool:
-    client = current_app.extensions["paycron.redis"]
-    if client is None:
-        return False
     try:
-        return bool(client.ping())
+        return bool(current_app.extensions["paycron.redis"].ping())
     except Exception:
         return False
 

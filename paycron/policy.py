@@ -1,0 +1,93 @@
+"""The next-state policy: every rule that says where a payment goes next.
+
+After a gateway call (:func:`decide`), after its lease expired
+(:func:`after_lease_expiry`), and after a lookup by reference before parking
+(:func:`after_lookup`). Pure functions of the payment's counters and what
+happened, so every rule is table-tested without a database or a gateway
+(tests/test_retry_policy.py); the transitions module only writes what these
+decide, each write one guarded UPDATE.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+from paycron.config import Config
+from paycron.enums import FailureReason, Outcome, Status
+from paycron.gateway_client import CallResult
+
+#: A 429 without Retry-After waits this long (seconds) before the next claim.
+DEFAULT_RATE_LIMIT_DELAY = 1.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The payment's next state."""
+
+    status: Status
+    delay: float = 0.0  # seconds until run_at, when PENDING
+    failures: int = 0
+    in_doubt: bool = False
+    failure_reason: FailureReason | None = None
+    needs_lookup: bool = False  # exhausted while in doubt: ask the gateway first
+
+
+def backoff(failures: int, config: Config, rng: random.Random | None = None) -> float:
+    """Delay after the ``failures``-th retryable failure: ``RETRY_DELAYS`` with
+    ±``retry_jitter`` multiplicative jitter (so a burst of failures does not
+    come back as a burst)."""
+    rng = rng or random.Random()
+    base = config.retry_delays[min(failures, len(config.retry_delays)) - 1]
+    return base * rng.uniform(1 - config.retry_jitter, 1 + config.retry_jitter)
+
+
+def decide(result: CallResult, *, failures: int, in_doubt: bool, config: Config,
+           rng: random.Random | None = None) -> Decision:
+    """Where one call's result sends the payment (``failures``/``in_doubt`` as
+    they were before the call)."""
+    rng = rng or random.Random()
+    if result.outcome is Outcome.SUCCEEDED:
+        return Decision(Status.COMPLETED, failures=failures)
+    if result.outcome is Outcome.DECLINED:
+        # A decline is a definitive answer: nothing is in doubt any more.
+        return Decision(Status.FAILED, failures=failures,
+                        failure_reason=FailureReason.DECLINED)
+    if result.outcome is Outcome.RATE_LIMITED:
+        # Definitive non-charge: no budget used, doubt unchanged.
+        delay = result.retry_after or DEFAULT_RATE_LIMIT_DELAY
+        return Decision(Status.PENDING, delay=delay * rng.uniform(1, 1.5),
+                        failures=failures, in_doubt=in_doubt)
+    failures += 1
+    in_doubt = in_doubt or result.in_doubt
+    if failures >= config.max_gateway_calls:
+        return Decision(Status.FAILED, failures=failures, in_doubt=in_doubt,
+                        failure_reason=FailureReason.RETRIES_EXHAUSTED, needs_lookup=in_doubt)
+    return Decision(Status.PENDING, delay=backoff(failures, config, rng), failures=failures,
+                    in_doubt=in_doubt)
+
+
+def after_lease_expiry(*, lease_expiries: int, failures: int, in_doubt: bool,
+                       call_in_flight: bool, config: Config) -> Decision:
+    """A PROCESSING payment whose lease ran out (its worker died or hung).
+
+    Back to PENDING at once (``run_at`` is kept: it is overdue), in doubt if
+    its call was in flight (the call may have landed; the next attempt asks
+    again under the same key). The ``MAX_LEASE_EXPIRIES``-th expiry parks it:
+    a payment that kills its worker every time must not loop forever.
+    Expiries cost no budget: the call may never have been made.
+    """
+    in_doubt = in_doubt or call_in_flight
+    if lease_expiries + 1 >= config.max_lease_expiries:
+        return Decision(Status.FAILED, failures=failures, in_doubt=in_doubt,
+                        failure_reason=FailureReason.LEASE_EXPIRED_REPEATEDLY)
+    return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt)
+
+
+def after_lookup(decision: Decision, *, charged: bool) -> Decision:
+    """An exhausted payment in doubt was asked about by reference before
+    parking: a charge found completes it (doubt settled); none found parks it
+    as decided, still in doubt (the lookup may lag the charge)."""
+    if charged:
+        return Decision(Status.COMPLETED, failures=decision.failures)
+    return replace(decision, needs_lookup=False)

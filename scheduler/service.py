@@ -1,0 +1,49 @@
+"""The one shape of every periodic service the scheduler runs (River's):
+settings validated when the service is built, ``run_once() -> counts``
+that works in batches until one comes back short, and :meth:`run`, a loop
+that calls it and sleeps the service's interval only then. Tests call
+``run_once``; the scheduler's root starts each service's ``run`` in a thread
+of its own, so a slow one (a partition detach, a hung webhook) never holds
+up another (the sweep).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger("paycron.scheduler")
+
+#: After a failed run (a database or Redis outage), wait this long at most.
+ERROR_PAUSE_SECONDS = 5.0
+
+
+class PeriodicService:
+    """Subclasses set :attr:`name` and :attr:`interval_seconds` and define
+    :meth:`run_once`, returning a dataclass of counts."""
+
+    name = "service"
+    interval_seconds = 1.0
+
+    def run_once(self):
+        raise NotImplementedError
+
+    def run(self, stop: threading.Event) -> None:
+        """Until ``stop`` is set: run once, then wait the interval. A failed
+        run is logged (and reaches Sentry) and retried after a pause."""
+        while not stop.is_set():
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("%s: run failed", self.name)
+                stop.wait(min(ERROR_PAUSE_SECONDS, 2 * self.interval_seconds))
+                continue
+            stop.wait(self.interval_seconds)
+
+    def close(self) -> None:
+        """Free what the service holds once its loop has ended."""
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(stop,), name=self.name, daemon=True)
+        thread.start()
+        return thread
