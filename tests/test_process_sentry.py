@@ -1,0 +1,147 @@
+"""Each process reports to Sentry under its own name (SPEC §8; issue 9).
+
+Every process is started as the Procfile starts it, with ``SENTRY_DSN``
+pointing at a local receiver of Sentry envelopes, and made to fail; the
+events that arrive say which process sent them, and the scheduler's carry
+no Dramatiq integration (it once borrowed the worker's wiring and reported
+as "worker").
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from dramatiq import Message
+from dramatiq.brokers.redis import RedisBroker
+
+from paycron.messages import EXECUTE_ACTOR
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: A port nothing listens on: connections to it are refused at once.
+DEAD_URL_PORT = 9
+
+
+class SentryReceiver:
+    """A Sentry ingest endpoint on loopback: stores each envelope's events."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                encoding = self.headers.get("Content-Encoding", "")
+                if encoding == "gzip":
+                    body = gzip.decompress(body)
+                elif encoding == "deflate":
+                    body = zlib.decompress(body)
+                elif encoding == "br":
+                    import brotli
+
+                    body = brotli.decompress(body)
+                receiver._store(body)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.dsn = f"http://public@127.0.0.1:{self.server.server_port}/1"
+
+    def _store(self, envelope: bytes) -> None:
+        lines = envelope.split(b"\n")
+        # header, then (item header, payload) pairs
+        for header, payload in zip(lines[1::2], lines[2::2], strict=False):
+            if json.loads(header).get("type") == "event":
+                self.events.append(json.loads(payload))
+
+    def wait_for_event(self, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.events:
+                return self.events[0]
+            time.sleep(0.1)
+        raise AssertionError("no Sentry event arrived")
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def receiver():
+    r = SentryReceiver()
+    yield r
+    r.close()
+
+
+def _start(args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.Popen:
+    log = (tmp_path / "proc.log").open("ab")
+    return subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _env(config, receiver, **extra) -> dict[str, str]:
+    import os
+
+    return {**os.environ, "SENTRY_DSN": receiver.dsn, "DATABASE_URL": config.database_url,
+            "REDIS_URL": config.redis_url, "REDIS_NAMESPACE": config.redis_namespace, **extra}
+
+
+def _names(event: dict) -> tuple[str, str, set[str]]:
+    return (event["tags"]["component"], event["server_name"],
+            set(event["sdk"].get("integrations", [])))
+
+
+def test_the_scheduler_reports_as_scheduler(config, receiver, tmp_path):
+    # Redis refuses connections: the sweep fails and logs it at ERROR.
+    env = _env(config, receiver, REDIS_URL=f"redis://127.0.0.1:{DEAD_URL_PORT}/0")
+    proc = _start(["-m", "scheduler"], env, tmp_path)
+    try:
+        component, server, integrations = _names(receiver.wait_for_event())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (component, server) == ("scheduler", "scheduler")
+    assert "dramatiq" not in integrations
+
+
+def test_the_worker_reports_as_worker(config, receiver, tmp_path):
+    proc = _start(["-m", "dramatiq", "tasks", "--processes", "1", "--threads", "1"],
+                  _env(config, receiver), tmp_path)
+    broker = RedisBroker(url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq")
+    try:
+        # A message the actor cannot decode: it raises, Dramatiq's integration reports it.
+        broker.enqueue(Message(queue_name=config.queue_name, actor_name=EXECUTE_ACTOR,
+                               args=([["not-a-uuid", "not-a-time", 1]], False), kwargs={},
+                               options={}, message_id=str(uuid.uuid4())))
+        component, server, integrations = _names(receiver.wait_for_event(timeout=60))
+    finally:
+        proc.kill()
+        proc.wait()
+        broker.close()
+    assert (component, server) == ("worker", "worker")
+    assert "dramatiq" in integrations
+
+
+def test_the_cli_reports_as_cli(config, receiver, tmp_path):
+    # A database that refuses connections: the command fails with a traceback.
+    bad_db = f"postgresql://postgres@127.0.0.1:{DEAD_URL_PORT}/none?connect_timeout=2"
+    proc = _start(["-m", "paycron.cli", "dlq", "list"],
+                  _env(config, receiver, DATABASE_URL=bad_db), tmp_path)
+    assert proc.wait(timeout=60) != 0
+    component, server, _ = _names(receiver.wait_for_event(timeout=5))
+    assert (component, server) == ("cli", "cli")
