@@ -8,6 +8,7 @@ answer maps to one :class:`CallResult` so the worker never interprets HTTP.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,18 +77,41 @@ def _declined(response: urllib3.BaseHTTPResponse) -> str:
         return "declined"
 
 
+#: A Retry-After is honoured within these bounds (seconds): a gateway that
+#: says 0 must not be hammered, one that says a year must not park the schedule.
+RETRY_AFTER_BOUNDS = (1.0, 3600.0)
+
+
 def _retry_after(response: urllib3.BaseHTTPResponse) -> float | None:
+    """The 429's ``Retry-After`` in seconds, clamped to RETRY_AFTER_BOUNDS;
+    None when absent or absurd (not a number, infinite, NaN, negative)."""
     try:
-        return float(response.headers["Retry-After"])
+        seconds = float(response.headers["Retry-After"])
     except (KeyError, ValueError):
         return None
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    low, high = RETRY_AFTER_BOUNDS
+    return min(max(seconds, low), high)
+
+
+def _charge_id(response: urllib3.BaseHTTPResponse) -> str | None:
+    """The charge id of a 2xx body, or None when the body is not one."""
+    body = _json(response)
+    charge_id = body.get("id") if isinstance(body, dict) else None
+    return charge_id if isinstance(charge_id, str) and charge_id else None
 
 
 def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
     """One HTTP answer to a charge request, as an outcome."""
     status = response.status
     if status in (200, 201):
-        return CallResult(Outcome.SUCCEEDED, gateway_ref=_json(response)["id"])
+        charge_id = _charge_id(response)
+        if charge_id is None:
+            # It said yes but not what: the charge may exist. This payment is
+            # in doubt and asked again under its key; its neighbours are not hurt.
+            return CallResult(Outcome.AMBIGUOUS, error_code="malformed_answer", in_doubt=True)
+        return CallResult(Outcome.SUCCEEDED, gateway_ref=charge_id)
     if status == 402:
         return CallResult(Outcome.DECLINED, error_code=_declined(response))
     if status == 429:

@@ -11,9 +11,10 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
@@ -150,8 +151,31 @@ class Finished:
     decision: Decision
 
 
+#: What a gateway's text becomes when Postgres cannot store it (a NUL byte,
+#: an unencodable character): the outcome is kept, the text is not.
+UNWRITABLE = "unwritable_answer"
+
+
 def finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
-    """Record every outcome and CAS every payment, in one statement."""
+    """Record every outcome and CAS every payment, in one statement.
+
+    A value Postgres cannot store never loses the rest of the group: the
+    group is written one by one, and an outcome that still fails is written
+    without the gateway's text (its status and decision are kept)."""
+    try:
+        return _finish(pool, done)
+    except (psycopg.DataError, UnicodeEncodeError):
+        if len(done) > 1:
+            return [row for item in done for row in finish(pool, [item])]
+        (item,) = done
+        log.error("unwritable gateway answer for payment %s: stored without its text",
+                  item.row["id"])
+        result = replace(item.result, error_code=item.result.error_code and UNWRITABLE,
+                         gateway_ref=item.result.gateway_ref and UNWRITABLE)
+        return _finish(pool, [Finished(item.row, result, item.decision)])
+
+
+def _finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
     if not done:
         return []
     params = {

@@ -1,0 +1,113 @@
+"""A bad answer never hurts its neighbours (SPEC §13): the gateway client
+and the executor against a gateway that answers absurdly, over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import redis
+
+from paycron.breaker import CircuitBreaker
+from paycron.db import make_pool
+from paycron.enums import Outcome
+from paycron.execution import Executor
+from paycron.gateway_client import HttpGateway
+from paycron.transitions import UNWRITABLE, claim_due
+from tests.factories import insert_payment
+
+
+class ScriptedGateway:
+    """Answers a charge by its amount: ``answers[amount] = (status, headers, body)``."""
+
+    def __init__(self):
+        self.answers: dict[int, tuple[int, dict, bytes]] = {}
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status, headers, payload = gateway.answers[body["amount"]]
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+
+@pytest.fixture
+def scripted():
+    gateway = ScriptedGateway()
+    yield gateway
+    gateway.server.shutdown()
+
+
+def charge(scripted, status, body=b"{}", headers=None):
+    scripted.answers[100] = (status, headers or {}, body)
+    client = HttpGateway(scripted.url, timeout=2)
+    try:
+        return client.charge(idempotency_key="k", amount=100, currency="USD", reference="r")
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("header, expected", [
+    ("2.5", 2.5), ("0", 1.0), ("0.01", 1.0), ("86400000", 3600.0), ("3600", 3600.0),
+    ("-5", None), ("inf", None), ("-inf", None), ("nan", None), ("soon", None), (None, None),
+])
+def test_retry_after_is_clamped_and_absurd_values_ignored(scripted, header, expected):
+    headers = {} if header is None else {"Retry-After": header}
+    result = charge(scripted, 429, headers=headers)
+    assert result.outcome is Outcome.RATE_LIMITED
+    assert result.retry_after == expected
+
+
+@pytest.mark.parametrize("body", [b"not json", b"{}", b'{"id": 5}', b'{"id": ""}', b"[]",
+                                  b"null", b'"ch_1"'])
+def test_a_malformed_2xx_is_ambiguous_for_that_payment(scripted, body):
+    result = charge(scripted, 200, body=body)
+    assert (result.outcome, result.in_doubt) == (Outcome.AMBIGUOUS, True)
+
+
+def test_one_bad_answer_does_not_lose_its_groups_outcomes(config, conn, scripted):
+    """Three payments in one message: a good answer, a malformed one, and one
+    whose charge id Postgres cannot store (a NUL byte). Each is recorded on
+    its own row; the good one completes whatever its neighbours said."""
+    good, malformed, unwritable = (insert_payment(conn, amount_minor=a) for a in (111, 222, 333))
+    scripted.answers = {
+        111: (200, {}, b'{"id": "ch_good"}'),
+        222: (200, {}, b"<html>oops</html>"),
+        333: (200, {}, json.dumps({"id": "ch_\u0000bad"}).encode()),
+    }
+    pool = make_pool(config, max_size=2, name="test-answers")
+    gateway = HttpGateway(scripted.url, timeout=2)
+    try:
+        executor = Executor(config=config, pool=pool, gateway=gateway, call_limiter=None,
+                            breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url),
+                                                   config))
+        claims = claim_due(conn, limit=10, lease_seconds=30)
+        assert len(claims) == 3
+        counts = executor.execute(claims)
+    finally:
+        gateway.close()
+        pool.close()
+    assert counts.calls == 3
+    rows = {r["id"]: r for r in conn.execute(
+        "SELECT p.id, p.status, p.in_doubt, a.outcome, a.gateway_ref, a.error_code"
+        " FROM payments p JOIN attempts a ON a.payment_id = p.id").fetchall()}
+    assert (rows[good["id"]]["status"], rows[good["id"]]["gateway_ref"]) == ("COMPLETED",
+                                                                            "ch_good")
+    assert (rows[malformed["id"]]["status"], rows[malformed["id"]]["in_doubt"],
+            rows[malformed["id"]]["outcome"]) == ("PENDING", True, "AMBIGUOUS")
+    assert (rows[unwritable["id"]]["status"], rows[unwritable["id"]]["outcome"],
+            rows[unwritable["id"]]["gateway_ref"]) == ("COMPLETED", "SUCCEEDED", UNWRITABLE)
