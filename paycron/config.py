@@ -78,6 +78,10 @@ class Config:
     #: The circuit breaker judges the gateway on calls of the last this-many seconds.
     circuit_window_seconds: int = 10
     db_pool_max: int = 10
+    #: Gateway calls one worker process keeps in flight at most; what it keeps
+    #: is sized from the ceiling and the observed latency (paycron/inflight.py).
+    #: 256 covers a 200/s ceiling at 1 s with headroom in a single process.
+    gateway_max_in_flight: int = 256
     #: How long a web process trusts an API key it has authenticated: a
     #: revocation reaches every process within this time; 0 checks every request.
     api_key_cache_seconds: float = 10.0
@@ -103,6 +107,8 @@ class Config:
             raise ConfigError("GATEWAY_RATE_LIMIT and CLAIM_BATCH must be >= 1")
         if not 0 < self.circuit_failure_ratio <= 1:
             raise ConfigError("CIRCUIT_FAILURE_RATIO must be in (0, 1]")
+        if self.gateway_max_in_flight < 1:
+            raise ConfigError("GATEWAY_MAX_IN_FLIGHT must be >= 1")
         if len(self.default_currency) != 3:
             raise ConfigError("DEFAULT_CURRENCY must be an ISO 4217 code")
 
@@ -166,6 +172,7 @@ class Config:
             ),
             message_group_size=get("MESSAGE_GROUP_SIZE", int, d.message_group_size),
             db_pool_max=get("DB_POOL_MAX", int, d.db_pool_max),
+            gateway_max_in_flight=get("GATEWAY_MAX_IN_FLIGHT", int, d.gateway_max_in_flight),
             api_key_cache_seconds=get("API_KEY_CACHE_SECONDS", parse_duration,
                                       d.api_key_cache_seconds),
             redis_namespace=get("REDIS_NAMESPACE", str, d.redis_namespace),

@@ -30,6 +30,8 @@ class Outcome(StrEnum):
     LEASE_EXPIRED = "LEASE_EXPIRED"  # marked by the reaper; the worker may still finish it
     RECONCILED = "RECONCILED"  # repaired from the settlement report
     FOUND_BY_LOOKUP = "FOUND_BY_LOOKUP"  # the charge was found by reference
+    KEY_IN_USE = "KEY_IN_USE"  # 409: an earlier call with this key still runs there; in doubt
+    NOT_SENT = "NOT_SENT"  # the lease was too short to send the call: nothing was sent
 
 
 class FailureReason(StrEnum):

@@ -51,7 +51,9 @@ class Charge:
 
 class Gateway(Protocol):
     def charge(self, *, idempotency_key: str, amount: int, currency: str,
-               reference: str) -> CallResult: ...
+               reference: str, timeout: float | None = None) -> CallResult:
+        """One charge call; ``timeout`` (seconds, total) shortens the
+        configured one, so a call never outlives its lease."""
 
     def find_charge(self, reference: str) -> Charge | None:
         """The charge made for ``reference``, found without its idempotency key."""
@@ -118,9 +120,10 @@ def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
         return CallResult(Outcome.RATE_LIMITED, error_code="rate_limited",
                           retry_after=_retry_after(response))
     if status == 409:
-        # Our key is being processed by another request (a zombie's call):
-        # its outcome is unknown to us until we ask again.
-        return CallResult(Outcome.AMBIGUOUS, error_code="idempotency_key_in_use",
+        # Our key is being processed by another request (a zombie's call, or
+        # one the processor still runs after our timeout): its outcome is
+        # unknown to us until we ask again. Not a failure (SPEC §3).
+        return CallResult(Outcome.KEY_IN_USE, error_code="idempotency_key_in_use",
                           in_doubt=True)
     if status >= 500:
         # A 5xx may come from behind the charge: treat it as in doubt.
@@ -146,6 +149,7 @@ class HttpGateway:
 
     def __init__(self, base_url: str, *, timeout: float, max_connections: int = 64):
         self._timeout = urllib3.Timeout(connect=min(timeout, 3.0), read=timeout)
+        self._call_seconds = timeout
         self._pool = urllib3.PoolManager(num_pools=4, maxsize=max_connections, block=False,
                                          retries=False, timeout=self._timeout)
         self._base_url = base_url.rstrip("/")
@@ -154,21 +158,26 @@ class HttpGateway:
         self._pool.clear()
 
     def _request(self, method: str, path: str, *, body: dict | None = None,
-                 headers: dict | None = None, fields: dict | None = None):
+                 headers: dict | None = None, fields: dict | None = None,
+                 timeout: urllib3.Timeout | None = None):
         all_headers = {"Content-Type": "application/json", **(headers or {})}
         return self._pool.request(
             method, self._base_url + path,
             body=json.dumps(body).encode() if body is not None else None,
-            fields=fields, headers=all_headers,
+            fields=fields, headers=all_headers, timeout=timeout or self._timeout,
         )
 
     def charge(self, *, idempotency_key: str, amount: int, currency: str,
-               reference: str) -> CallResult:
+               reference: str, timeout: float | None = None) -> CallResult:
+        limit = None
+        if timeout is not None and timeout < self._call_seconds:
+            # total= bounds connect + read together: the call ends in time.
+            limit = urllib3.Timeout(total=timeout)
         try:
             response = self._request(
                 "POST", "/v1/charges",
                 body={"amount": amount, "currency": currency, "reference": reference},
-                headers={"Idempotency-Key": idempotency_key},
+                headers={"Idempotency-Key": idempotency_key}, timeout=limit,
             )
         except _NOT_SENT as exc:
             return CallResult(Outcome.RETRYABLE_ERROR, error_code=type(exc).__name__)

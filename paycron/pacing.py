@@ -51,10 +51,11 @@ class CallLimiter:
         self.limit = config.gateway_rate_limit
         self._sleep = sleep
 
-    def acquire(self, n: int = 1) -> None:
-        """Block until ``n`` calls fit in the shared per-second window."""
-        while n > 0:
-            granted, wait_ms = self._take(keys=[self._key], args=[n, self.limit])
-            n -= int(granted)
-            if n > 0:
-                self._sleep(int(wait_ms) / 1000)
+    def acquire_some(self, want: int) -> int:
+        """Block until at least one of ``want`` calls fits in the window;
+        return how many were granted (at most ``want``)."""
+        while True:
+            granted, wait_ms = self._take(keys=[self._key], args=[want, self.limit])
+            if int(granted) > 0:
+                return int(granted)
+            self._sleep(int(wait_ms) / 1000)

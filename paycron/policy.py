@@ -19,6 +19,11 @@ from paycron.gateway_client import CallResult
 
 #: A 429 without Retry-After waits this long (seconds) before the next claim.
 DEFAULT_RATE_LIMIT_DELAY = 1.0
+#: A 409 "key in use" is asked again after this, doubling per 409 in a row, capped.
+KEY_IN_USE_DELAY = 1.0
+KEY_IN_USE_MAX_DELAY = 60.0
+#: After this many 409s in a row the payment is looked up by reference (SPEC §3).
+KEY_IN_USE_LOOKUP_AFTER = 10
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,8 @@ class Decision:
     failures: int = 0
     in_doubt: bool = False
     failure_reason: FailureReason | None = None
-    needs_lookup: bool = False  # exhausted while in doubt: ask the gateway first
+    needs_lookup: bool = False  # ask the gateway by reference before writing this
+    key_in_use: int = 0  # 409 "key in use" answers in a row
 
 
 def backoff(failures: int, config: Config, rng: random.Random | None = None) -> float:
@@ -43,10 +49,21 @@ def backoff(failures: int, config: Config, rng: random.Random | None = None) -> 
 
 
 def decide(result: CallResult, *, failures: int, in_doubt: bool, config: Config,
-           rng: random.Random | None = None) -> Decision:
-    """Where one call's result sends the payment (``failures``/``in_doubt`` as
-    they were before the call)."""
+           key_in_use: int = 0, rng: random.Random | None = None) -> Decision:
+    """Where one call's result sends the payment (``failures``, ``in_doubt``
+    and ``key_in_use`` as they were before the call)."""
     rng = rng or random.Random()
+    if result.outcome is Outcome.KEY_IN_USE:
+        # An earlier call with this key is still running at the processor:
+        # not a failure (no budget), but a charge may be under way (in doubt).
+        streak = key_in_use + 1
+        delay = min(KEY_IN_USE_DELAY * 2 ** (streak - 1), KEY_IN_USE_MAX_DELAY)
+        return Decision(Status.PENDING, delay=delay * rng.uniform(1, 1.5), failures=failures,
+                        in_doubt=True, key_in_use=streak,
+                        needs_lookup=streak >= KEY_IN_USE_LOOKUP_AFTER)
+    if result.outcome is Outcome.NOT_SENT:
+        # Nothing left us: no budget, doubt unchanged, claim again at once.
+        return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt)
     if result.outcome is Outcome.SUCCEEDED:
         return Decision(Status.COMPLETED, failures=failures)
     if result.outcome is Outcome.DECLINED:
@@ -85,9 +102,10 @@ def after_lease_expiry(*, lease_expiries: int, failures: int, in_doubt: bool,
 
 
 def after_lookup(decision: Decision, *, charged: bool) -> Decision:
-    """An exhausted payment in doubt was asked about by reference before
-    parking: a charge found completes it (doubt settled); none found parks it
-    as decided, still in doubt (the lookup may lag the charge)."""
+    """A payment in doubt was asked about by reference (before parking, or
+    after 10 "key in use" answers): a charge found completes it (doubt
+    settled); none found leaves the decision as it was, still in doubt (a call
+    may still land)."""
     if charged:
         return Decision(Status.COMPLETED, failures=decision.failures)
     return replace(decision, needs_lookup=False)

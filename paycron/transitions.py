@@ -192,6 +192,7 @@ def _finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
         "in_doubts": [d.decision.in_doubt for d in done],
         "failure_reasons": [d.decision.failure_reason and d.decision.failure_reason.value
                             for d in done],
+        "key_in_uses": [d.decision.key_in_use for d in done],
     }
     with pool.connection() as conn:
         rows = conn.execute(q("finish_attempts"), params, prepare=True).fetchall()

@@ -82,7 +82,7 @@ WITH claim AS (
     WHERE p.id = c.id AND p.due_at = c.due_at AND p.status = 'PROCESSING'
       AND p.attempt = c.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
     RETURNING p.id, p.due_at, p.attempt, p.payer, p.amount_minor, p.currency, p.failures,
-              p.in_doubt
+              p.in_doubt, p.key_in_use
 ), started AS (
     INSERT INTO attempts (payment_id, attempt, gateway_key, outcome, worker, due_at)
     SELECT id, attempt, id::text, 'IN_FLIGHT', %(worker)s, due_at FROM fenced
@@ -101,9 +101,9 @@ WITH outcome AS (
         %(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[], %(payers)s::text[],
         %(outcomes)s::text[], %(error_codes)s::text[], %(gateway_refs)s::text[],
         %(statuses)s::text[], %(delays)s::float8[], %(failures)s::int[], %(in_doubts)s::bool[],
-        %(failure_reasons)s::text[]
+        %(failure_reasons)s::text[], %(key_in_uses)s::int[]
     ) AS o(id, due_at, attempt, payer, outcome, error_code, gateway_ref, status, delay,
-           failures, in_doubt, failure_reason)
+           failures, in_doubt, failure_reason, key_in_use)
 ), finished AS (
     UPDATE attempts a
     SET outcome = o.outcome, error_code = o.error_code, gateway_ref = o.gateway_ref,
@@ -119,7 +119,8 @@ WITH outcome AS (
                       THEN greatest(p.due_at, now() + make_interval(secs => o.delay))
                       ELSE p.run_at END,
         failures = o.failures, in_doubt = o.in_doubt, failure_reason = o.failure_reason,
-        last_error = coalesce(o.error_code, p.last_error), lease_until = NULL,
+        key_in_use = o.key_in_use, last_error = coalesce(o.error_code, p.last_error),
+        lease_until = NULL,
         updated_at = now()
     FROM outcome o
     WHERE p.id = o.id AND p.due_at = o.due_at AND p.status = 'PROCESSING'
@@ -270,6 +271,7 @@ SELECT id, attempt FROM completed;
 WITH redriven AS (
     UPDATE payments
     SET status = 'PENDING', failure_reason = NULL, failures = 0, lease_expiries = 0,
+        key_in_use = 0,
         in_doubt = false, run_at = greatest(due_at, now()), updated_at = now()
     WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
       AND status = 'FAILED'

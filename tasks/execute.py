@@ -1,4 +1,5 @@
-"""The execute actor: one message = a small group of claimed payments.
+"""The execute actor: one message = a small group of claimed payments,
+handed to this process's dispatcher (paycron/inflight.py).
 
 Postgres is the only retry layer: the actor is never retried by Dramatiq
 (``max_retries=0``). A lost or failed message leaves PROCESSING rows whose
@@ -11,15 +12,17 @@ import dramatiq
 
 from paycron.messages import EXECUTE_ACTOR, decode_claims
 from tasks.broker import config
-from tasks.runtime import executor
+from tasks.runtime import dispatcher
 
 
 @dramatiq.actor(
     actor_name=EXECUTE_ACTOR,
     queue_name=config.queue_name,
     max_retries=0,
-    # The whole group's calls fit in half a lease (Config.group_size).
+    # The actor only admits the group (its calls run in the dispatcher's
+    # background, within the in-flight bound); the wait for room is bounded
+    # by the calls ahead of it, each shorter than a lease.
     time_limit=int(config.lease_seconds * 1000),
 )
 def execute_payments(claims: list[list], probe: bool = False) -> None:
-    executor(config).execute(decode_claims(claims), probe=probe)
+    dispatcher(config).submit(decode_claims(claims), probe=probe)

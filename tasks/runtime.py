@@ -1,38 +1,49 @@
 """What an actor needs, built once per worker process on first use (after
-Dramatiq has forked, so no socket is shared with a parent)."""
+Dramatiq has forked, so no socket is shared with a parent): the executor,
+its call pool, and the dispatcher that keeps the in-flight bound."""
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from paycron.breaker import CircuitBreaker
 from paycron.config import Config
 from paycron.db import make_pool, make_redis
 from paycron.execution import Executor
 from paycron.gateway_client import build_gateway
+from paycron.inflight import Dispatcher, InFlightLimit
 from paycron.metrics import serve_metrics
 from paycron.pacing import CallLimiter
 
 _lock = threading.Lock()
-_executor: Executor | None = None
+_dispatcher: Dispatcher | None = None
 
 
-def build_executor(config: Config) -> Executor:
+def build_dispatcher(config: Config) -> Dispatcher:
     serve_metrics(config.metrics_port, component="worker")
     client = make_redis(config)
-    return Executor(
+    bound = config.gateway_max_in_flight
+    limit = InFlightLimit(rate=config.gateway_rate_limit, max_in_flight=bound,
+                          floor=config.group_size)
+    executor = Executor(
         config=config,
+        # Groups hold a connection only for their two statements, never across a call.
         pool=make_pool(config, max_size=config.db_pool_max, name="worker"),
-        gateway=build_gateway(config),
+        gateway=build_gateway(config, max_connections=bound),
         breaker=CircuitBreaker(client, config),
         call_limiter=CallLimiter(client, config),
+        calls=ThreadPoolExecutor(max_workers=bound, thread_name_prefix="gateway-call"),
+        on_latency=limit.observe,
     )
+    groups = ThreadPoolExecutor(max_workers=bound, thread_name_prefix="group")
+    return Dispatcher(executor=executor, limit=limit, groups=groups)
 
 
-def executor(config: Config) -> Executor:
-    global _executor
-    if _executor is None:
+def dispatcher(config: Config) -> Dispatcher:
+    global _dispatcher
+    if _dispatcher is None:
         with _lock:
-            if _executor is None:
-                _executor = build_executor(config)
-    return _executor
+            if _dispatcher is None:
+                _dispatcher = build_dispatcher(config)
+    return _dispatcher
