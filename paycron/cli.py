@@ -100,17 +100,34 @@ def api_key_list() -> None:
         for row in apikeys.list_api_keys(conn):
             state = "revoked" if row["revoked_at"] else "active"
             click.echo(f"{row['prefix']}\t{_printable(row['actor'])}\t{','.join(row['scopes'])}"
-                       f"\t{state}")
+                       f"\t{state}\tid={row['id']}")
 
 
 @api_key.command("revoke")
-@click.argument("prefix")
-def api_key_revoke(prefix: str) -> None:
+@click.argument("prefix", required=False)
+@click.option("--id", "key_id", type=int, help="The key's id (api-key list), when a prefix "
+              "is shared by several keys.")
+def api_key_revoke(prefix: str | None, key_id: int | None) -> None:
+    """Revoke the key with PREFIX, or the one with --id."""
+    if (prefix is None) == (key_id is None):
+        raise click.UsageError("give PREFIX or --id, not both")
     config = _config()
     with connect(config) as conn:
-        row = apikeys.revoke_api_key(conn, prefix)
+        if key_id is not None:
+            revocation = apikeys.revoke_api_key_by_id(conn, key_id)
+        else:
+            revocation = apikeys.revoke_api_key(conn, prefix)
+    row = revocation.revoked
+    if revocation.ambiguous:
+        click.echo(f"{len(revocation.ambiguous)} active keys share prefix "
+                   f"{_printable(prefix)}; nothing revoked. Revoke one by its id:", err=True)
+        for shared in revocation.ambiguous:
+            click.echo(f"  paycron api-key revoke --id {shared['id']}"
+                       f"  # actor {_printable(shared['actor'])}", err=True)
+        sys.exit(1)
     if row is None:
-        click.echo(f"no active key with prefix {prefix}", err=True)
+        what = f"id {key_id}" if key_id is not None else f"prefix {_printable(prefix)}"
+        click.echo(f"no active key with {what}", err=True)
         sys.exit(1)
     click.echo(f"revoked {row['prefix']} ({_printable(row['actor'])}); web processes that "
                f"checked it recently accept it for up to their API_KEY_CACHE_SECONDS more "
