@@ -47,10 +47,26 @@ WHERE key_hash = %(key_hash)s AND revoked_at IS NULL;
 SELECT id, actor, prefix, scopes, created_at, revoked_at FROM api_keys ORDER BY id DESC;
 
 -- name: revoke_api_key
--- Revoke a key by its prefix.
+-- Revoke the active key with this prefix when it is the only one: prefixes
+-- are 32 random bits, so two keys may share one, and revoking both would cut
+-- off an actor nobody meant to (the rows are locked so the count holds).
+WITH matching AS (
+    SELECT id FROM api_keys WHERE prefix = %(prefix)s AND revoked_at IS NULL FOR UPDATE
+)
 UPDATE api_keys SET revoked_at = now()
-WHERE prefix = %(prefix)s AND revoked_at IS NULL
+WHERE id IN (SELECT id FROM matching) AND (SELECT count(*) FROM matching) = 1
 RETURNING id, actor, prefix;
+
+-- name: revoke_api_key_by_id
+-- Revoke one key by its id (what api-key list shows beside the prefix).
+UPDATE api_keys SET revoked_at = now()
+WHERE id = %(id)s AND revoked_at IS NULL
+RETURNING id, actor, prefix;
+
+-- name: active_api_keys_with_prefix
+-- The live keys a prefix names, when it names more than one.
+SELECT id, actor, prefix FROM api_keys
+WHERE prefix = %(prefix)s AND revoked_at IS NULL ORDER BY id;
 
 -- name: create_partition
 -- One day partition of payments (identifiers and bounds filled in by psycopg.sql).

@@ -97,5 +97,25 @@ def list_api_keys(conn: Connection) -> list[dict]:
     return conn.execute(q("list_api_keys")).fetchall()
 
 
-def revoke_api_key(conn: Connection, prefix: str) -> dict | None:
-    return conn.execute(q("revoke_api_key"), {"prefix": prefix}).fetchone()
+@dataclass(frozen=True)
+class Revocation:
+    """What a revocation did: the key it revoked, or none and the active
+    keys that share the prefix it was given (none: no such key)."""
+
+    revoked: dict | None
+    ambiguous: list[dict]
+
+
+def revoke_api_key(conn: Connection, prefix: str) -> Revocation:
+    """Revoke the one active key with ``prefix``; when several share it,
+    revoke none (name one by id, :func:`revoke_api_key_by_id`)."""
+    row = conn.execute(q("revoke_api_key"), {"prefix": prefix}).fetchone()
+    if row is not None:
+        return Revocation(revoked=row, ambiguous=[])
+    shared = conn.execute(q("active_api_keys_with_prefix"), {"prefix": prefix}).fetchall()
+    return Revocation(revoked=None, ambiguous=shared if len(shared) > 1 else [])
+
+
+def revoke_api_key_by_id(conn: Connection, key_id: int) -> Revocation:
+    row = conn.execute(q("revoke_api_key_by_id"), {"id": key_id}).fetchone()
+    return Revocation(revoked=row, ambiguous=[])

@@ -96,8 +96,8 @@ def api_key_create(actor: str, admin: bool) -> None:
     """Create a key; it is printed once, alone on the last line."""
     with connect(_config()) as conn:
         key, row = apikeys.create_api_key(conn, actor, admin=admin)
-    click.echo(f"# actor={row['actor']} prefix={row['prefix']} scopes={','.join(row['scopes'])}",
-               err=False)
+    click.echo(f"# actor={_printable(row['actor'])} prefix={row['prefix']} "
+               f"scopes={','.join(row['scopes'])}", err=False)
     click.echo(key)
 
 
@@ -106,20 +106,38 @@ def api_key_list() -> None:
     with connect(_config()) as conn:
         for row in apikeys.list_api_keys(conn):
             state = "revoked" if row["revoked_at"] else "active"
-            click.echo(f"{row['prefix']}\t{row['actor']}\t{','.join(row['scopes'])}\t{state}")
+            click.echo(f"{row['prefix']}\t{_printable(row['actor'])}\t{','.join(row['scopes'])}"
+                       f"\t{state}\tid={row['id']}")
 
 
 @api_key.command("revoke")
-@click.argument("prefix")
-def api_key_revoke(prefix: str) -> None:
+@click.argument("prefix", required=False)
+@click.option("--id", "key_id", type=int, help="The key's id (api-key list), when a prefix "
+              "is shared by several keys.")
+def api_key_revoke(prefix: str | None, key_id: int | None) -> None:
+    """Revoke the key with PREFIX, or the one with --id."""
+    if (prefix is None) == (key_id is None):
+        raise click.UsageError("give PREFIX or --id, not both")
     config = _config()
     with connect(config) as conn:
-        row = apikeys.revoke_api_key(conn, prefix)
-    if row is None:
-        click.echo(f"no active key with prefix {prefix}", err=True)
+        if key_id is not None:
+            revocation = apikeys.revoke_api_key_by_id(conn, key_id)
+        else:
+            revocation = apikeys.revoke_api_key(conn, prefix)
+    row = revocation.revoked
+    if revocation.ambiguous:
+        click.echo(f"{len(revocation.ambiguous)} active keys share prefix "
+                   f"{_printable(prefix)}; nothing revoked. Revoke one by its id:", err=True)
+        for shared in revocation.ambiguous:
+            click.echo(f"  paycron api-key revoke --id {shared['id']}"
+                       f"  # actor {_printable(shared['actor'])}", err=True)
         sys.exit(1)
-    click.echo(f"revoked {row['prefix']} ({row['actor']}); web processes that checked it "
-               f"recently accept it for up to their API_KEY_CACHE_SECONDS more "
+    if row is None:
+        what = f"id {key_id}" if key_id is not None else f"prefix {_printable(prefix)}"
+        click.echo(f"no active key with {what}", err=True)
+        sys.exit(1)
+    click.echo(f"revoked {row['prefix']} ({_printable(row['actor'])}); web processes that "
+               f"checked it recently accept it for up to their API_KEY_CACHE_SECONDS more "
                f"({config.api_key_cache_seconds:g} s in this environment)")
 
 
@@ -128,6 +146,15 @@ def _payment_id(text: str) -> uuid.UUID:
     if payment_id is None:
         raise click.BadParameter(f"not a payment id: {text}")
     return payment_id
+
+
+def _printable(text: str) -> str:
+    """``text`` on one line of a terminal: stored text (a gateway's error,
+    an operator's note) must not start a line of its own, move the cursor or
+    reorder what follows. Control and other non-printing characters, tab
+    (the column separator) and backslash print as Python escapes."""
+    return "".join(c if c.isprintable() and c != "\\" else
+                   c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _jsonable(value):
@@ -150,8 +177,8 @@ def dlq_list(as_json: bool, limit: int) -> None:
         click.echo(json.dumps(_jsonable(rows), indent=2))
         return
     for row in rows:
-        click.echo(f"{row['payment_id']}\t{row['reason']}\t{row['last_error'] or '-'}\t"
-                   f"parked {row['created_at']:%Y-%m-%dT%H:%M:%SZ}")
+        click.echo(f"{row['payment_id']}\t{row['reason']}\t{_printable(row['last_error'] or '-')}"
+                   f"\tparked {row['created_at']:%Y-%m-%dT%H:%M:%SZ}")
 
 
 @dlq.command("show")
@@ -173,10 +200,11 @@ def _dlq_action(action, payment_id: str, **kwargs) -> None:
         try:
             result = action(conn, gateway, _payment_id(payment_id), **kwargs)
         except PaycronError as exc:
-            raise click.ClickException(f"{exc.code}: {exc}") from None
+            raise click.ClickException(f"{exc.code}: {_printable(str(exc))}") from None
         finally:
             gateway.close()
-    click.echo(f"{result.payment_id} {result.action}: {result.detail}")
+    # the detail quotes the gateway's ids and the operator's note
+    click.echo(f"{result.payment_id} {result.action}: {_printable(result.detail)}")
 
 
 _by = click.option("--by", default=getpass.getuser, show_default="your login",

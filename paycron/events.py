@@ -37,14 +37,23 @@ def read_feed(conn: Connection, *, payer: str, after: Position, limit: int) -> l
     }).fetchall()
 
 
+#: What payers see as ``data.by``: someone on our side acted (an operator at
+#: the CLI or the admin API, or reconciliation), never their name, which the
+#: audit keeps (dead_letters.resolved_by, refunds.requested_by).
+OPERATOR = "operator"
+
+
 def to_wire(event: dict) -> dict:
     """An event as clients see it, in the feed and in webhook bodies."""
+    data = event["data"]
+    if isinstance(data, dict) and "by" in data:
+        data = {**data, "by": OPERATOR}  # also rows stored before this rule
     return {
         "id": event["id"],
         "type": event["type"],
         "paymentId": str(event["payment_id"]),
         "status": event["status"],
         "attempt": event["attempt"],
-        "data": event["data"],
+        "data": data,
         "createdAt": event["created_at"].astimezone(UTC).isoformat(),
     }

@@ -72,9 +72,24 @@ def _json(response: urllib3.BaseHTTPResponse):
         return None
 
 
+#: A decline code is a short machine token; anything longer is not one.
+MAX_ERROR_CODE_LENGTH = 64
+
+
+def _error_code(value: object) -> str:
+    """The gateway's error code as we store it: its text is untrusted (it
+    reaches payers' attempts and operators' terminals), so printable ASCII
+    without spaces, every other character as ``_``, at most
+    MAX_ERROR_CODE_LENGTH; ``declined`` when there is no such text."""
+    if not isinstance(value, str):
+        return "declined"
+    code = "".join(c if "!" <= c <= "~" else "_" for c in value[:MAX_ERROR_CODE_LENGTH])
+    return code if code.strip("_") else "declined"
+
+
 def _declined(response: urllib3.BaseHTTPResponse) -> str:
     try:
-        return _json(response)["error"]["code"]
+        return _error_code(_json(response)["error"]["code"])
     except (KeyError, TypeError):
         return "declined"
 

@@ -42,9 +42,13 @@ class Created:
 
 
 def request_hash(body: object) -> bytes:
-    """sha256 of the body's canonical JSON: key order and spacing do not matter."""
+    """sha256 of the body's canonical JSON: key order and spacing do not matter.
+
+    Any JSON text hashes, even a lone surrogate (JSON may escape "\\ud800"):
+    the body is hashed before it is validated. ``surrogatepass`` leaves the
+    bytes of valid text as they were, so stored hashes still match."""
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).digest()
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).digest()
 
 
 def find_replay(conn: Connection, actor: str, key: str, body_hash: bytes) -> dict | None:

@@ -16,12 +16,14 @@ import ipaddress
 import random
 import secrets
 import socket
-import urllib.parse
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 from psycopg import Connection
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
 from paycron.sql import q
 
@@ -125,24 +127,115 @@ def release(conn: Connection, lease: Lease) -> None:
     conn.execute(q("webhook_release_endpoint"), lease.params())
 
 
-def forbidden_destination(url: str) -> str | None:
-    """Why the relay must not call ``url``, or None.
+#: NAT64 prefixes (RFC 6052 well-known, RFC 8215 local use): the last 32 bits
+#: are an IPv4 address that the translator connects to.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+#: IPv4-compatible IPv6 (deprecated by RFC 4291, still parsed): ::a.b.c.d.
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+#: host -> every address it resolves to, as text (an IP literal to itself).
+Resolver = Callable[[str], Sequence[str]]
+
+
+def resolve_host(host: str) -> list[str]:
+    """Every address ``host`` resolves to, in the resolver's order, without repeats."""
+    infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries, which a translator or
+    tunnel may connect to: 64:ff9b::7f00:1 reaches 127.0.0.1 through NAT64."""
+    embedded = []
+    if address.ipv4_mapped:
+        embedded.append(address.ipv4_mapped)
+    if address.sixtofour:
+        embedded.append(address.sixtofour)
+    if address.teredo:
+        embedded.extend(address.teredo)  # (server, client)
+    if address in _NAT64 or address in _IPV4_COMPATIBLE:
+        embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return embedded
+
+
+def is_public(address: IPAddress) -> bool:
+    """Whether the relay may connect to ``address``: a global unicast address,
+    and so is every IPv4 address embedded in it."""
+    if not address.is_global or address.is_multicast:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in _NAT64_LOCAL:  # the IPv4 part's place varies with the prefix length
+            return False
+        return all(is_public(v4) for v4 in _embedded_ipv4(address))
+    return True
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where one delivery goes: the URL's parts and the address to connect to,
+    the one that was checked (never resolved again: DNS rebinding)."""
+
+    scheme: str
+    #: As in the URL (IDNA-encoded, IPv6 in brackets): the Host header, the
+    #: TLS server name and the name the certificate must carry.
+    host: str
+    port: int
+    #: Path and query, the request target.
+    target: str
+    address: str
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        return self.host if self.port == default else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a URL is not a destination: the rule it broke, never the address
+    it resolved to (that would map internal DNS for whoever registers)."""
+
+    rule: str
+    #: What the relay records as the delivery's error.
+    code: str = "forbidden_destination"
+
+
+def check_destination(url: str, *, resolve: Resolver = resolve_host,
+                      allow_private: bool = False) -> Destination | Refused:
+    """Resolve ``url``'s host once and check every address it gave.
 
     The relay runs inside our network: a payer must not point it at an
-    internal service or a cloud metadata address (SSRF). Every address the
-    host resolves to must be a public one. Checked when the endpoint is
-    registered and again before each delivery (DNS may change); tests and
-    on-premise set-ups allow private hosts with WEBHOOK_ALLOW_PRIVATE_HOSTS.
+    internal service or a cloud metadata address (SSRF). Every address must
+    be public (:func:`is_public`), and the caller connects to the returned
+    ``address``, so a name that answers a public address to this check and
+    127.0.0.1 to a second lookup gets no second lookup. Tests and on-premise
+    set-ups allow private hosts with WEBHOOK_ALLOW_PRIVATE_HOSTS.
     """
-    host = urllib.parse.urlsplit(url).hostname
-    if not host:
-        return "the URL has no host"
     try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError):
-        return f"{host} does not resolve"
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0])
-        if not address.is_global or address.is_multicast:
-            return f"{host} resolves to a non-public address ({address})"
-    return None
+        parts = parse_url(url)
+    except LocationParseError:
+        return Refused("the URL cannot be parsed")
+    if parts.scheme not in ("http", "https") or not parts.host:
+        return Refused("the URL has no http(s) scheme and host")
+    host = parts.host
+    try:
+        addresses = [ipaddress.ip_address(a) for a in resolve(host.strip("[]"))]
+    except (OSError, UnicodeError, ValueError):
+        addresses = []
+    if not addresses:
+        return Refused("the host does not resolve", code="name_not_resolved")
+    if not allow_private and not all(is_public(a) for a in addresses):
+        return Refused("the host resolves to a non-public address (every address it "
+                       "resolves to must be a public one)")
+    default_port = 443 if parts.scheme == "https" else 80
+    return Destination(scheme=parts.scheme, host=host, port=parts.port or default_port,
+                       target=parts.request_uri, address=str(addresses[0]))
+
+
+def forbidden_destination(url: str, *, resolve: Resolver = resolve_host) -> str | None:
+    """Why the relay must not call ``url`` (the rule, see :func:`check_destination`), or None.
+    Checked when the endpoint is registered; the relay checks again before each delivery."""
+    checked = check_destination(url, resolve=resolve)
+    return checked.rule if isinstance(checked, Refused) else None

@@ -129,8 +129,10 @@ class WebhookRelay(PeriodicService):
     name = "webhook-relay"
 
     def __init__(self, *, pool: ConnectionPool, config: RelayConfig,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None,
+                 resolve: webhooks.Resolver = webhooks.resolve_host):
         self.pool = pool
+        self._resolve = resolve  # tests answer for names they invent
         self.config = config
         self.interval_seconds = config.poll_seconds
         self._rng = rng or random.Random()
@@ -245,11 +247,12 @@ class WebhookRelay(PeriodicService):
                  lease.endpoint_id, error, delay)
 
     def _post(self, lease: Lease, event: dict) -> tuple[int | None, str | None]:
-        """(HTTP status or None, error or None) for one signed POST."""
-        if not self.config.allow_private_hosts:
-            reason = webhooks.forbidden_destination(lease.url)
-            if reason:
-                return None, "forbidden_destination"
+        """(HTTP status or None, error or None) for one signed POST, sent to
+        the address the destination check resolved (see :meth:`_request`)."""
+        destination = webhooks.check_destination(
+            lease.url, resolve=self._resolve, allow_private=self.config.allow_private_hosts)
+        if isinstance(destination, webhooks.Refused):
+            return None, destination.code
         body = json.dumps(to_wire(event), separators=(",", ":")).encode()
         headers = {
             "Content-Type": "application/json",
@@ -258,8 +261,7 @@ class WebhookRelay(PeriodicService):
             webhooks.SIGNATURE_HEADER: webhooks.signature(lease.secret, int(time.time()), body),
         }
         try:
-            response = self._http.request("POST", lease.url, body=body, headers=headers,
-                                          redirect=False, preload_content=False)
+            response = self._request(destination, body, headers)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return None, type(exc).__name__
         try:
@@ -271,3 +273,18 @@ class WebhookRelay(PeriodicService):
             response.close()  # the status line arrived; the body is not ours to judge
         status = response.status
         return status, None if 200 <= status < 300 else f"http_{status}"
+
+    def _request(self, destination: webhooks.Destination, body: bytes,
+                 headers: dict) -> urllib3.BaseHTTPResponse:
+        """POST to the checked address, never to the name: urllib3 would
+        resolve the name again, and a rebinding DNS server answers 127.0.0.1
+        the second time. The URL's host still names the request (Host
+        header) and, for https, the TLS server name and the certificate."""
+        tls = ({"server_hostname": destination.host.strip("[]"),
+                "assert_hostname": destination.host.strip("[]")}
+               if destination.scheme == "https" else None)
+        pool = self._http.connection_from_host(destination.address, port=destination.port,
+                                               scheme=destination.scheme, pool_kwargs=tls)
+        return pool.urlopen("POST", destination.target, body=body,
+                            headers={**headers, "Host": destination.host_header},
+                            redirect=False, assert_same_host=False, preload_content=False)

@@ -13,7 +13,7 @@ from paycron import dead_letters
 from paycron.errors import ValidationFailed
 from web.auth import require_admin
 from web.bodies import json_object, payment_id_or_404
-from web.schemas import NO_NUL, AttemptSchema, PaymentSchema
+from web.schemas import NO_NUL, AttemptSchema, PaymentSchema, unicode_text
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin/dead-letters")
 
@@ -34,7 +34,7 @@ class DismissSchema(Schema):
         unknown = RAISE
 
     note = fields.String(load_default=None, validate=[
-        validate.Length(max=1000),
+        validate.Length(max=1000), unicode_text,
         validate.Regexp(NO_NUL, error="note must not contain U+0000")])
 
 

@@ -27,6 +27,17 @@ DUE_AT_PATTERN = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-5][0-9](\.[
 NO_NUL = r"^[^\u0000]*$"
 
 
+def unicode_text(value: str) -> None:
+    """A validator for every string the API takes: JSON may escape a lone
+    surrogate ("\\ud800"), which is no character and which neither UTF-8 nor
+    Postgres text can hold (a 500 if it got that far)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(
+            "must be valid Unicode text: no unpaired surrogate (U+D800 to U+DFFF)") from None
+
+
 class MinorUnits(fields.Integer):
     """Money: a JSON integer only. marshmallow's Integer without ``strict``
     truncates 25.5 to 25, and marshmallow 3 accepts ``true`` (bool is an int)."""
@@ -46,7 +57,7 @@ class CreatePaymentSchema(Schema):
 
     payee = fields.String(
         required=True,
-        validate=[validate.Length(min=1, max=200),
+        validate=[validate.Length(min=1, max=200), unicode_text,
                   validate.Regexp(NO_NUL, error="payee must not contain U+0000")],
         metadata={"description": "Who is paid."})
     amount = MinorUnits(

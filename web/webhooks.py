@@ -15,6 +15,7 @@ from paycron import webhooks
 from paycron.errors import NotFound, ValidationFailed
 from web.auth import require_key
 from web.bodies import json_object
+from web.schemas import unicode_text
 
 bp = Blueprint("webhooks", __name__, url_prefix="/v1/webhook-endpoints")
 
@@ -28,7 +29,7 @@ class CreateEndpointSchema(Schema):
 
     # require_tld=False: an internal host name or an IP address is a valid receiver.
     url = fields.Url(required=True, schemes={"http", "https"}, require_tld=False,
-                     validate=validate.Length(max=MAX_URL_LENGTH))
+                     validate=[validate.Length(max=MAX_URL_LENGTH), unicode_text])
 
 
 _create = CreateEndpointSchema()
