@@ -16,11 +16,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from devtools.procs import free_port
 from paycron import webhooks
 from paycron.config import Config
 from paycron.db import make_pool
 from paycron.errors import ConfigError
-from paycron.procs import free_port
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
 
