@@ -6,22 +6,10 @@ import threading
 
 from paycron.transitions import Claim
 from tests.factories import insert_payment
+from tests.rows import attempts_of as attempts
+from tests.rows import count, event_types, payment
 
 DECLINE, ALWAYS_503 = 40002, 50003
-
-
-def payment(conn, payment_id):
-    return conn.execute("SELECT * FROM payments WHERE id = %s", (payment_id,)).fetchone()
-
-
-def attempts(conn, payment_id):
-    return conn.execute("SELECT * FROM attempts WHERE payment_id = %s ORDER BY attempt",
-                        (payment_id,)).fetchall()
-
-
-def event_types(conn, payment_id):
-    return [r["type"] for r in conn.execute(
-        "SELECT type FROM payment_events WHERE payment_id = %s ORDER BY id", (payment_id,))]
 
 
 def test_a_due_payment_is_charged_once_and_completed(engine, conn, gateway):
@@ -78,7 +66,7 @@ def test_a_decline_stops_at_one_attempt(engine, conn, gateway):
     assert (done["status"], done["failure_reason"]) == ("FAILED", "DECLINED")
     assert [a["outcome"] for a in attempts(conn, row["id"])] == ["DECLINED"]
     assert attempts(conn, row["id"])[0]["error_code"] == "card_declined"
-    assert conn.execute("SELECT count(*) AS n FROM dead_letters").fetchone()["n"] == 0
+    assert count(conn, "dead_letters") == 0
     assert event_types(conn, row["id"])[-1] == "payment.failed"
 
 
@@ -113,7 +101,7 @@ def test_rate_limits_never_park(engine, conn, gateway, config):
     conn.execute("UPDATE payments SET run_at = due_at WHERE status = 'PENDING'")
     engine.drain()
     assert {payment(conn, r["id"])["status"] for r in rows} == {"COMPLETED"}
-    assert conn.execute("SELECT count(*) AS n FROM dead_letters").fetchone()["n"] == 0
+    assert count(conn, "dead_letters") == 0
 
 
 def test_an_ambiguous_call_is_retried_with_the_same_key_and_charges_once(engine, conn, gateway):
@@ -142,5 +130,5 @@ def test_an_exhausted_payment_in_doubt_is_looked_up_before_parking(engine, conn,
     [last] = [a for a in attempts(conn, row["id"]) if a["attempt"] == 6]
     assert last["outcome"] == "FOUND_BY_LOOKUP"
     assert last["gateway_ref"] == gateway.ledger()[0]["id"]
-    assert conn.execute("SELECT count(*) AS n FROM dead_letters").fetchone()["n"] == 0
+    assert count(conn, "dead_letters") == 0
     assert gateway.charges_per_key() == {str(row["id"]): 1}

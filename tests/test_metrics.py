@@ -9,7 +9,7 @@ import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.factories import insert_payment
+from tests.factories import insert_payment, park
 
 RULES = Path(__file__).resolve().parents[1] / "ops" / "prometheus" / "alerts.yml"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
@@ -39,9 +39,7 @@ def test_gauges_are_computed_from_the_database_at_scrape_time(client, conn):
     insert_payment(conn, due_at=datetime.now(UTC) - timedelta(minutes=3))
     insert_payment(conn, due_at=datetime.now(UTC) - timedelta(seconds=30))
     insert_payment(conn, status="PROCESSING")
-    row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED")
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-                 "VALUES (%s, %s, 'alice', 'RETRIES_EXHAUSTED')", (row["id"], row["due_at"]))
+    park(conn)
     samples = scrape(client)
     assert samples["paycron_backlog_payments"] == 2
     assert 170 <= samples["paycron_oldest_due_pending_age_seconds"] <= 400
