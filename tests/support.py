@@ -1,11 +1,26 @@
-"""Helpers several test files need: a Sentry transport that keeps what it
-would have sent."""
+"""Helpers several test files need: a clock the test moves by hand, and a
+Sentry transport that keeps what it would have sent."""
 
 from __future__ import annotations
 
 import json
+import time
 
 from sentry_sdk.transport import Transport
+
+
+class Clock:
+    """Stands in for ``time.time`` where a part takes a clock
+    (``CircuitBreaker(clock=...)``): time passes only when the test says."""
+
+    def __init__(self, start: float | None = None):
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 class CapturingTransport(Transport):

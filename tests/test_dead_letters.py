@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
 
 from paycron.cli import main
 from tests.engine import Engine
-from tests.factories import insert_payment, park
+from tests.factories import add_attempt, insert_payment, park
 from tests.rows import letter, payment
 
 
@@ -37,9 +38,17 @@ def test_list_prints_one_line_per_open_letter_starting_with_the_id(cli, conn):
 
 def test_show_has_the_attempt_history(cli, conn):
     row = park(conn)
+    first = datetime.now(UTC) - timedelta(minutes=10)
+    for n in range(1, 7):
+        add_attempt(conn, row, attempt=n, outcome="RETRYABLE_ERROR", error_code="http_503",
+                    finished_at=first + timedelta(minutes=n))
     shown = json.loads(cli("dlq", "show", str(row["id"])).output)
     assert shown["payment"]["status"] == "FAILED"
-    assert shown["dead_letters"][0]["reason"] == "RETRIES_EXHAUSTED"
+    assert [(a["attempt"], a["outcome"], a["error_code"])
+            for a in shown["payment"]["attempts"]] == [
+        (n, "RETRYABLE_ERROR", "http_503") for n in range(1, 7)]
+    assert [(d["reason"], d["last_error"]) for d in shown["dead_letters"]] == [
+        ("RETRIES_EXHAUSTED", "http_503")]
 
 
 def test_redrive_of_a_charged_payment_collapses_into_the_original_charge(cli, conn, gateway):
