@@ -30,12 +30,12 @@ from pathlib import Path
 import urllib3
 
 from bench.servers import PrivatePostgres, PrivateRedis
+from devtools.procs import ProcessGroup, free_port, wait_http, web_args
 from paycron.apikeys import create_api_key
 from paycron.config import Config
 from paycron.db import connect
 from paycron.migrate import migrate
 from paycron.partitions import ensure_partitions
-from paycron.procs import ProcessGroup, free_port, wait_http, web_args
 
 #: The client retries a failed request this many times (creates with the same key).
 CLIENT_RETRIES = 3

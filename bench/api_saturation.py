@@ -3,7 +3,7 @@ machine, beside a bare Flask endpoint (parse a JSON body, answer 201) under
 the same gunicorn settings, then create latency at half paycron's
 saturation rate. Targets: paycron / bare >= 0.5; p99 < 50 ms at half rate.
 
-Servers: the Procfile's web command, as paycron.procs.web_args spells it
+Servers: the Procfile's web command, as devtools.procs.web_args reads it
 (``gunicorn --worker-class gthread --workers 5 --threads 4
 --worker-connections 4 --keep-alive 0``: 2 x cores + 1 workers, 4 threads
 each to cover the database round trips; no keep-alive, so every request is
@@ -41,10 +41,10 @@ from pathlib import Path
 import psycopg
 
 from bench.harness import REDIS_URL, private_database
+from devtools.procs import ProcessGroup, free_port, wait_http, web_args
 from paycron.apikeys import create_api_key
 from paycron.config import Config
 from paycron.db import connect
-from paycron.procs import ProcessGroup, free_port, wait_http, web_args
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -14,22 +14,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 import psycopg
 
+from devtools import stats
+from devtools.fake_gateway import GatewayHandle, charges_per_key
+from devtools.procs import (
+    ProcessGroup,
+    free_port,
+    gateway_args,
+    scheduler_args,
+    wait_http,
+    worker_args,
+)
 from paycron.config import Config
 from paycron.db import connect
 from paycron.migrate import migrate
 from paycron.partitions import ensure_partitions
-from paycron.procs import (
-    SCHEDULER_ARGS,
-    ProcessGroup,
-    free_port,
-    gateway_args,
-    wait_http,
-    worker_args,
-)
-from paycron.sql import q
 
 ADMIN_DSN = os.environ.get("PAYCRON_BENCH_ADMIN_DSN",
                            "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -74,17 +74,17 @@ class System:
                     "REDIS_NAMESPACE": self.namespace, "GATEWAY_URL": self.gateway_url,
                     **self.settings}
         self.procs = ProcessGroup(self.logdir, self.env)
-        self.gateway = httpx.Client(base_url=self.gateway_url, timeout=30)
+        self.gateway = GatewayHandle(self.gateway_url, timeout=30)
 
     def start_gateway(self, **faults) -> None:
         port = int(self.gateway_url.rsplit(":", 1)[1])
         wait_http(f"{self.gateway_url}/healthz", self.procs.start("gateway", gateway_args(port)))
         if faults:
-            self.gateway.post("/_faults", json=faults).raise_for_status()
+            self.gateway.faults(**faults)
 
     def start_engine(self) -> None:
         for n in range(self.schedulers):
-            self.procs.start(f"scheduler-{n}", SCHEDULER_ARGS)
+            self.procs.start(f"scheduler-{n}", scheduler_args())
         self.procs.start("worker", worker_args(self.worker_processes, self.worker_threads))
 
     def stop(self) -> None:
@@ -100,10 +100,10 @@ class System:
         return Config.from_env(self.env)
 
     def ledger(self) -> list[dict]:
-        return self.gateway.get("/_ledger").json()["charges"]
+        return self.gateway.ledger()
 
     def gateway_stats(self) -> dict:
-        return self.gateway.get("/_stats").json()
+        return self.gateway.stats()
 
 
 def wait_until_settled(conn, total: int, *, timeout: float, tick: float = 0.5,
@@ -112,7 +112,7 @@ def wait_until_settled(conn, total: int, *, timeout: float, tick: float = 0.5,
     until = until or datetime.now(UTC) + timedelta(days=1)
     started = time.monotonic()
     while True:
-        open_rows = conn.execute(q("open_payments"), {"until": until}).fetchone()["n"]
+        open_rows = stats.open_payments(conn, until=until)
         if open_rows == 0:
             return time.monotonic() - started
         if time.monotonic() - started > timeout:
@@ -120,14 +120,10 @@ def wait_until_settled(conn, total: int, *, timeout: float, tick: float = 0.5,
         time.sleep(tick)
 
 
-def charges_per_key(ledger: list[dict]) -> int:
-    counts: dict[str, int] = {}
-    for charge in ledger:
-        counts[charge["idempotency_key"]] = counts.get(charge["idempotency_key"], 0) + 1
-    return max(counts.values(), default=0)
+def max_charges_per_key(ledger: list[dict]) -> int:
+    return max(charges_per_key(ledger).values(), default=0)
 
 
 def settled_counts(conn, until: datetime | None = None) -> dict:
     """{completed, lease_expired} among payments due before ``until``."""
-    until = until or datetime.now(UTC) + timedelta(days=1)
-    return conn.execute(q("settled_counts"), {"until": until}).fetchone()
+    return stats.settled_counts(conn, until=until or datetime.now(UTC) + timedelta(days=1))

@@ -14,15 +14,15 @@ from datetime import UTC, datetime, timedelta
 from bench.harness import (
     ALL_TIME,
     System,
-    charges_per_key,
+    max_charges_per_key,
     private_database,
     settled_counts,
     wait_until_settled,
 )
+from devtools.factories import bulk_insert
 from paycron.db import connect
 from paycron.sql import parse_blocks
 from paycron.stats import lateness
-from tests.factories import bulk_insert
 
 QUERIES = parse_blocks("""
 -- name: spike_expiries
@@ -73,7 +73,7 @@ def main() -> None:
     print(f"lease expirations             : {counts['lease_expired']} attempts, "
           f"{expiries} payments")
     print(f"gateway charges               : {len(ledger)}; max per key "
-          f"{charges_per_key(ledger)}")
+          f"{max_charges_per_key(ledger)}")
 
 
 if __name__ == "__main__":

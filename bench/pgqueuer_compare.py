@@ -42,7 +42,7 @@ import psycopg
 
 from bench.harness import (
     System,
-    charges_per_key,
+    max_charges_per_key,
     private_database,
     settled_counts,
     wait_until_settled,
@@ -206,7 +206,7 @@ def run_pgqueuer(database_url: str, n: int, *, processes: int, threads: int, bat
         system.stop()
     return {"seconds": seconds, "per_second": n / seconds, "completed": completed,
             "enqueue_seconds": enqueue_seconds, "charges": len(ledger),
-            "max_charges_per_key": charges_per_key(ledger)}
+            "max_charges_per_key": max_charges_per_key(ledger)}
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from paycron.procs import free_port
+from devtools.procs import free_port
 
 
 def _pg_bin(name: str) -> str:

@@ -32,21 +32,22 @@ from pathlib import Path
 import httpx
 
 from bench.servers import PrivatePostgres, PrivateRedis
-from paycron.apikeys import create_api_key
-from paycron.config import Config
-from paycron.db import connect
-from paycron.migrate import migrate
-from paycron.partitions import ensure_partitions
-from paycron.procs import (
-    SCHEDULER_ARGS,
+from devtools.fake_gateway import GatewayHandle, charges_per_key
+from devtools.procs import (
     ProcessGroup,
     free_port,
     gateway_args,
+    scheduler_args,
     stop,
     wait_http,
     web_args,
     worker_args,
 )
+from paycron.apikeys import create_api_key
+from paycron.config import Config
+from paycron.db import connect
+from paycron.migrate import migrate
+from paycron.partitions import ensure_partitions
 from paycron.sql import parse_blocks
 
 CHECKS = parse_blocks((Path(__file__).parent / "soak.sql").read_text())
@@ -124,10 +125,10 @@ class Soak:
         self.procs = ProcessGroup(self.logdir, env)
         gateway = self.procs.start("gateway", [*gateway_args(self.gateway_port), "--seed", "11"])
         wait_http(f"http://127.0.0.1:{self.gateway_port}/healthz", gateway)
-        self.gateway = httpx.Client(base_url=f"http://127.0.0.1:{self.gateway_port}", timeout=30)
-        self.gateway.post("/_faults", json=FAULTS).raise_for_status()
+        self.gateway = GatewayHandle(f"http://127.0.0.1:{self.gateway_port}", timeout=30)
+        self.gateway.faults(**FAULTS)
         web = self.procs.start("web", web_args(self.web_port, workers=2, threads=4))
-        self.schedulers = [self.procs.start(f"scheduler-{n}", SCHEDULER_ARGS) for n in range(2)]
+        self.schedulers = [self.procs.start(f"scheduler-{n}", scheduler_args()) for n in range(2)]
         self.workers = [self.procs.start(f"worker-{n}", worker_args(1, 8))
                         for n in range(self.plan.workers)]
         wait_http(f"http://127.0.0.1:{self.web_port}/healthz", web)
@@ -200,7 +201,7 @@ class Soak:
     def _scheduler(self, _created) -> None:
         i = self.rng.randrange(len(self.schedulers))
         stop(self.schedulers[i], sig=signal.SIGKILL)
-        self.schedulers[i] = self.procs.start(f"scheduler-{i}", SCHEDULER_ARGS)
+        self.schedulers[i] = self.procs.start(f"scheduler-{i}", scheduler_args())
         self.counts["scheduler_kills"] += 1
 
     def _redis(self, _created) -> None:
@@ -215,9 +216,9 @@ class Soak:
 
     def _burst(self, _created) -> None:
         """A few seconds under a low gateway ceiling: 429s for sure."""
-        self.gateway.post("/_faults", json={"rate_limit_per_s": 20})
+        self.gateway.faults(rate_limit_per_s=20)
         time.sleep(2)
-        self.gateway.post("/_faults", json={"rate_limit_per_s": FAULTS["rate_limit_per_s"]})
+        self.gateway.faults(rate_limit_per_s=FAULTS["rate_limit_per_s"])
         self.counts["rate_limit_bursts"] += 1
 
     def _cancel(self, created) -> None:
@@ -260,7 +261,7 @@ class Soak:
         return self.first_due + timedelta(seconds=self.plan.window + 60)
 
     def reconcile(self) -> int:
-        days = sorted({c["created_at"][:10] for c in self.ledger()})
+        days = sorted({c["created_at"][:10] for c in self.gateway.ledger()})
         code = 0
         for day in days:
             result = subprocess.run([sys.executable, "-m", "paycron.cli", "reconcile",
@@ -271,15 +272,10 @@ class Soak:
             code = max(code, result.returncode)
         return code
 
-    def ledger(self) -> list[dict]:
-        return self.gateway.get("/_ledger").json()["charges"]
-
     def check(self, drained: bool) -> list[tuple[str, int, bool]]:
-        ledger = self.ledger()
-        stats = self.gateway.get("/_stats").json()
-        per_key: dict[str, int] = {}
-        for charge in ledger:
-            per_key[charge["idempotency_key"]] = per_key.get(charge["idempotency_key"], 0) + 1
+        ledger = self.gateway.ledger()
+        stats = self.gateway.stats()
+        per_key = charges_per_key(ledger)
         succeeded = [c for c in ledger if c["status"] == "succeeded"]
         with connect(self.config) as conn:
             rows = {str(r["id"]): r for r in conn.execute(

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from bench.harness import (
     ALL_TIME,
     System,
-    charges_per_key,
+    max_charges_per_key,
     private_database,
     settled_counts,
     wait_until_settled,
@@ -135,7 +135,7 @@ def main() -> None:
     print(f"lease expirations        : {counts['lease_expired']} attempts, "
           f"{expiries} payments")
     print(f"outcome                  : {statuses}; settled {tail:.1f} s after the last due "
-          f"time; gateway charges {len(ledger)}, max per key {charges_per_key(ledger)}")
+          f"time; gateway charges {len(ledger)}, max per key {max_charges_per_key(ledger)}")
 
 
 if __name__ == "__main__":

@@ -29,12 +29,12 @@ from datetime import UTC, datetime, timedelta
 from psycopg import sql
 
 from bench.harness import private_database
+from devtools.factories import bulk_insert
 from paycron.config import Config
 from paycron.db import connect
 from paycron.partitions import day_start, partition_name
 from paycron.sql import q
 from paycron.transitions import claim_due
-from tests.factories import bulk_insert
 
 #: A payment id in SQL, as paycron/ids.py makes it: 48 bits of due time in
 #: ms, the version nibble 7, then 19 hex digits of a v4 UUID starting right

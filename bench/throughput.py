@@ -13,16 +13,16 @@ from pathlib import Path
 
 from bench.harness import (
     System,
-    charges_per_key,
+    max_charges_per_key,
     private_database,
     settled_counts,
     wait_until_settled,
 )
+from devtools.factories import bulk_insert
 from paycron.config import Config
 from paycron.db import connect
 from paycron.sql import parse_blocks
 from paycron.transitions import claim_due
-from tests.factories import bulk_insert
 
 BASELINE = parse_blocks((Path(__file__).parent / "baseline.sql").read_text())
 SETTINGS = {
@@ -47,7 +47,7 @@ def run_paycron(database_url: str, n: int, *, worker_processes: int, worker_thre
     finally:
         system.stop()
     return {"seconds": seconds, "per_second": n / seconds, "completed": completed,
-            "charges": len(ledger), "max_charges_per_key": charges_per_key(ledger)}
+            "charges": len(ledger), "max_charges_per_key": max_charges_per_key(ledger)}
 
 
 def run_baseline(database_url: str, n: int, batch: int = 100) -> dict:

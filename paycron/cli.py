@@ -238,17 +238,6 @@ def dlq_dismiss(payment_id: str, by: str, note: str | None) -> None:
 
 
 @main.command()
-@click.option("--count", default=300, show_default=True, help="Payments to create.")
-@click.option("--window", default=30.0, show_default=True, help="Seconds they fall due over.")
-def demo(count: int, window: float) -> None:
-    """Run the whole system end to end (embedded Postgres/Redis when
-    DATABASE_URL/REDIS_URL are unset) and check the gateway ledger."""
-    from paycron.demo import run_demo
-
-    sys.exit(run_demo(_config(), count=count, window=window))
-
-
-@main.command()
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--window-minutes", default=60, show_default=True,
               help="Window for lateness and lease expiries.")

@@ -1,7 +1,3 @@
--- name: status_counts
--- Payments by status.
-SELECT status, count(*) AS n FROM payments GROUP BY status;
-
 -- name: lateness
 -- Trigger lateness (first attempt's start - due time) percentiles, in
 -- seconds, over first attempts started since %(since)s.
@@ -27,24 +23,6 @@ SELECT
      WHERE outcome = 'LEASE_EXPIRED' AND started_at >= %(since)s) AS lease_expiries,
     (SELECT count(*) FROM attempts WHERE started_at >= %(since)s) AS attempts;
 
--- name: outcome_summary
--- What happened to the payments: terminal states, retried, parked.
-SELECT
-    count(*) FILTER (WHERE status = 'COMPLETED') AS completed,
-    count(*) FILTER (WHERE status = 'FAILED' AND failure_reason = 'DECLINED') AS declined,
-    count(*) FILTER (WHERE status = 'FAILED' AND failure_reason <> 'DECLINED') AS parked,
-    count(*) FILTER (WHERE status = 'CANCELLED') AS cancelled,
-    count(*) FILTER (WHERE status IN ('PENDING', 'PROCESSING')) AS open,
-    count(*) FILTER (WHERE attempt > 1) AS retried,
-    count(*) FILTER (WHERE lease_expiries > 0) AS lease_expired,
-    coalesce(sum(amount_minor) FILTER (WHERE status = 'COMPLETED'), 0) AS completed_minor
-FROM payments;
-
--- name: open_payments
--- Payments not yet terminal among those due before %(until)s.
-SELECT count(*) AS n FROM payments
-WHERE status IN ('PENDING', 'PROCESSING') AND due_at < %(until)s;
-
 -- name: metrics_gauges
 -- The scrape-time gauges. Every payments subquery is bounded by %(now)s so
 -- future partitions are pruned at plan time.
@@ -61,10 +39,3 @@ SELECT
     -- The latest run of the most recent day reconciled: nonzero pages.
     (SELECT mismatches FROM reconciliation_runs
      ORDER BY day DESC, id DESC LIMIT 1) AS mismatches;
-
--- name: settled_counts
--- Completed payments and payments whose lease ever expired, among those due
--- before %(until)s (the benchmarks' summary).
-SELECT count(*) FILTER (WHERE status = 'COMPLETED') AS completed,
-       count(*) FILTER (WHERE lease_expiries > 0) AS lease_expired
-FROM payments WHERE due_at < %(until)s;

@@ -14,12 +14,12 @@ import pytest
 import redis as redis_lib
 from werkzeug.serving import make_server
 
+from devtools.fake_gateway import GatewayHandle
+from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
 from paycron import apikeys, partitions
 from paycron.config import Config
 from paycron.db import connect
 from paycron.migrate import migrate
-from paycron.procs import ProcessGroup, free_port, gateway_args, wait_http
-from tests.support import GatewayHandle
 
 ADMIN_DSN = os.environ.get("PAYCRON_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 TEST_REDIS_URL = os.environ.get("PAYCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -80,10 +80,12 @@ def gateway_server(tmp_path_factory):
 
 
 @pytest.fixture
-def gateway(gateway_server) -> GatewayHandle:
+def gateway(gateway_server):
+    """The shared fake gateway, reset: no faults, an empty ledger."""
     handle = GatewayHandle(gateway_server)
     handle.reset()
-    return handle
+    yield handle
+    handle.close()
 
 
 @pytest.fixture

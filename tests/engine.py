@@ -3,6 +3,8 @@ the real fake gateway over HTTP; only Dramatiq is replaced by a list."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -21,12 +23,14 @@ from scheduler.sweeper import Sweeper, SweepSettings
 @dataclass
 class Engine:
     config: Config
+    #: The breaker's clock: a test that moves it by hand needs no sleep.
+    clock: Callable[[], float] = time.time
     messages: list[tuple[list[Claim], bool]] = field(default_factory=list)
 
     def __post_init__(self):
         self.pool = make_pool(self.config, max_size=8, name="test-engine")
         self.redis = redis.Redis.from_url(self.config.redis_url)
-        self.breaker = CircuitBreaker(self.redis, self.config)
+        self.breaker = CircuitBreaker(self.redis, self.config, clock=self.clock)
         self.gateway = HttpGateway(self.config.gateway_url,
                                    timeout=self.config.gateway_timeout_seconds)
         self.executor = Executor(config=self.config, pool=self.pool, gateway=self.gateway,

@@ -1,49 +1,34 @@
-"""Rows written directly, bypassing the API's time rules (for tests and benchmarks)."""
+"""Rows the tests seed: the shared factories (``devtools.factories``, which
+the benchmarks use too) and the states only tests set up."""
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
-from paycron.ids import new_payment_id
+from devtools.factories import bulk_insert, insert_event, insert_payment
 
-
-def insert_payment(conn, *, payer: str = "alice", due_at: datetime | None = None,
-                   amount_minor: int = 2500, status: str = "PENDING", **columns) -> dict:
-    """One payment row in any state."""
-    due_at = due_at or datetime.now(UTC) - timedelta(seconds=1)
-    row = {
-        "id": new_payment_id(due_at), "due_at": due_at, "payer": payer, "payee": "shop",
-        "amount_minor": amount_minor, "currency": "USD", "run_at": due_at, "status": status,
-    }
-    if status == "PROCESSING":
-        row.setdefault("lease_until", datetime.now(UTC) + timedelta(minutes=2))
-    if status == "FAILED":
-        row.setdefault("failure_reason", "DECLINED")
-    row.update(columns)
-    cols = ", ".join(row)
-    values = ", ".join(f"%({c})s" for c in row)
-    return conn.execute(f"INSERT INTO payments ({cols}) VALUES ({values}) RETURNING *",
-                        row).fetchone()
+__all__ = ["add_attempt", "bulk_insert", "insert_event", "insert_payment", "park"]
 
 
-def bulk_insert(conn, n: int, *, due_at: datetime | None = None, payer: str = "alice",
-                amount_minor: int | None = None) -> None:
-    """``n`` PENDING payments due at ``due_at`` (default: just now), by COPY."""
-    due_at = due_at or datetime.now(UTC) - timedelta(seconds=2)
-    with conn.cursor().copy(
-            "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at) "
-            "FROM STDIN") as copy:
-        for i in range(n):
-            due = due_at - timedelta(microseconds=i)
-            amount = amount_minor or 100 + i % 10_000
-            copy.write_row((new_payment_id(due), due, payer, "shop", amount, "USD", due))
+def park(conn, *, reason: str = "RETRIES_EXHAUSTED", last_error: str | None = "http_503",
+         **columns) -> dict:
+    """A payment parked as the executor parks one: FAILED after its six
+    calls, with an open dead letter for a human."""
+    columns.setdefault("attempt", 6)
+    columns.setdefault("failures", 6)
+    row = insert_payment(conn, status="FAILED", failure_reason=reason, **columns)
+    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error) "
+                 "VALUES (%s, %s, %s, %s, %s)",
+                 (row["id"], row["due_at"], row["payer"], reason, last_error))
+    return row
 
 
-def insert_event(conn, payer: str = "alice", type: str = "payment.created",
-              status: str = "PENDING") -> int:
-    """One payment_events row, committed unless ``conn`` is in a transaction."""
-    return conn.execute(
-        "INSERT INTO payment_events (payment_id, payer, type, status, attempt)"
-        " VALUES (%s, %s, %s, %s, 0) RETURNING id",
-        (uuid.uuid4(), payer, type, status)).fetchone()["id"]
+def add_attempt(conn, row: dict, *, attempt: int, outcome: str, finished_at: datetime,
+                gateway_ref: str | None = None, error_code: str | None = None) -> None:
+    """A finished attempt row of payment ``row`` (its call took 80 ms)."""
+    conn.execute(
+        "INSERT INTO attempts (payment_id, attempt, gateway_key, started_at, finished_at, "
+        "outcome, gateway_ref, error_code, worker, due_at) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'w', %s)",
+        (row["id"], attempt, str(row["id"]), finished_at - timedelta(milliseconds=80),
+         finished_at, outcome, gateway_ref, error_code, row["due_at"]))

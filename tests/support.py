@@ -1,37 +1,50 @@
-"""Test-side handles on real processes: the fake gateway's controls."""
+"""Helpers several test files need: a clock the test moves by hand, and a
+Sentry transport that keeps what it would have sent."""
 
 from __future__ import annotations
 
-import httpx
+import json
+import time
 
-from paycron.procs import ProcessGroup, free_port, stop, wait_http
-
-__all__ = ["GatewayHandle", "ProcessGroup", "free_port", "stop", "wait_http"]
+from sentry_sdk.transport import Transport
 
 
-class GatewayHandle:
-    """The fake gateway's test controls, over HTTP."""
+class Clock:
+    """Stands in for ``time.time`` where a part takes a clock
+    (``CircuitBreaker(clock=...)``): time passes only when the test says."""
 
-    def __init__(self, url: str):
-        self.url = url
-        self.http = httpx.Client(base_url=url, timeout=10)
+    def __init__(self, start: float | None = None):
+        self.now = time.time() if start is None else start
 
-    def reset(self) -> None:
-        self.http.post("/_reset").raise_for_status()
+    def __call__(self) -> float:
+        return self.now
 
-    def faults(self, **settings) -> dict:
-        response = self.http.post("/_faults", json=settings)
-        response.raise_for_status()
-        return response.json()
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
-    def ledger(self) -> list[dict]:
-        return self.http.get("/_ledger").json()["charges"]
 
-    def stats(self) -> dict:
-        return self.http.get("/_stats").json()
+class CapturingTransport(Transport):
+    """Keeps every envelope Sentry would send."""
 
-    def charges_per_key(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for charge in self.ledger():
-            counts[charge["idempotency_key"]] = counts.get(charge["idempotency_key"], 0) + 1
-        return counts
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.envelopes = []
+
+    def capture_envelope(self, envelope):
+        self.envelopes.append(envelope)
+
+    def text(self) -> str:
+        """Everything sent, as text: what must not contain a secret."""
+        parts = []
+        for envelope in self.envelopes:
+            for item in envelope.items:
+                parts.append(item.payload.get_bytes().decode(errors="replace"))
+        return "\n".join(parts)
+
+    def events(self) -> list[dict]:
+        found = []
+        for envelope in self.envelopes:
+            for item in envelope.items:
+                if item.type == "event":
+                    found.append(json.loads(item.payload.get_bytes()))
+        return found

@@ -10,13 +10,9 @@ from paycron import transitions
 from paycron.config import Config
 from paycron.db import connect
 from tests.factories import insert_payment
+from tests.rows import event_types as events
 
 URL = "/v1/scheduled-payments"
-
-
-def events(conn, payment_id):
-    return [r["type"] for r in conn.execute(
-        "SELECT type FROM payment_events WHERE payment_id = %s ORDER BY id", (payment_id,))]
 
 
 def test_cancel_a_pending_payment(client, alice, conn):

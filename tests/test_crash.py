@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from devtools.procs import ProcessGroup, scheduler_args, stop, worker_args
 from paycron import transitions
-from paycron.procs import SCHEDULER_ARGS, ProcessGroup, stop, worker_args
 from tests.factories import bulk_insert
 
 DRAIN_SECONDS = 90
@@ -33,7 +33,7 @@ def procs(tmp_path, env):
     group = ProcessGroup(tmp_path, env)
 
     def start(kind: str):
-        return group.start(kind, worker_args(1, 4) if kind == "worker" else SCHEDULER_ARGS)
+        return group.start(kind, worker_args(1, 4) if kind == "worker" else scheduler_args())
 
     yield start
     group.stop()

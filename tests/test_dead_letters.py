@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
 
 from paycron.cli import main
 from tests.engine import Engine
-from tests.factories import insert_payment
+from tests.factories import add_attempt, insert_payment, park
+from tests.rows import letter, payment
 
 
 @pytest.fixture
@@ -26,32 +28,6 @@ def cli(config, gateway):
     return run
 
 
-def park(conn, *, reason="RETRIES_EXHAUSTED", **columns):
-    row = insert_payment(conn, status="FAILED", failure_reason=reason, attempt=6, failures=6,
-                         **columns)
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error) "
-                 "VALUES (%s, %s, %s, %s, 'http_503')", (row["id"], row["due_at"],
-                                                         row["payer"], reason))
-    return row
-
-
-def letter(conn, payment_id):
-    return conn.execute("SELECT * FROM dead_letters WHERE payment_id = %s ORDER BY id DESC",
-                        (payment_id,)).fetchone()
-
-
-def payment(conn, payment_id):
-    return conn.execute("SELECT * FROM payments WHERE id = %s", (payment_id,)).fetchone()
-
-
-def charge_at_gateway(gateway, row):
-    response = gateway.http.post("/v1/charges", headers={"Idempotency-Key": str(row["id"])},
-                                 json={"amount": row["amount_minor"], "currency": "USD",
-                                       "reference": str(row["id"])})
-    assert response.status_code == 201
-    return response.json()
-
-
 def test_list_prints_one_line_per_open_letter_starting_with_the_id(cli, conn):
     rows = [park(conn), park(conn, reason="LEASE_EXPIRED_REPEATEDLY")]
     lines = cli("dlq", "list").output.strip().splitlines()
@@ -62,14 +38,22 @@ def test_list_prints_one_line_per_open_letter_starting_with_the_id(cli, conn):
 
 def test_show_has_the_attempt_history(cli, conn):
     row = park(conn)
+    first = datetime.now(UTC) - timedelta(minutes=10)
+    for n in range(1, 7):
+        add_attempt(conn, row, attempt=n, outcome="RETRYABLE_ERROR", error_code="http_503",
+                    finished_at=first + timedelta(minutes=n))
     shown = json.loads(cli("dlq", "show", str(row["id"])).output)
     assert shown["payment"]["status"] == "FAILED"
-    assert shown["dead_letters"][0]["reason"] == "RETRIES_EXHAUSTED"
+    assert [(a["attempt"], a["outcome"], a["error_code"])
+            for a in shown["payment"]["attempts"]] == [
+        (n, "RETRYABLE_ERROR", "http_503") for n in range(1, 7)]
+    assert [(d["reason"], d["last_error"]) for d in shown["dead_letters"]] == [
+        ("RETRIES_EXHAUSTED", "http_503")]
 
 
 def test_redrive_of_a_charged_payment_collapses_into_the_original_charge(cli, conn, gateway):
     row = park(conn, in_doubt=True)
-    charge = charge_at_gateway(gateway, row)
+    charge = gateway.charge(row)
     out = cli("dlq", "redrive", str(row["id"]), "--by", "ops-ann").output
     assert "completed" in out
     done = payment(conn, row["id"])
@@ -108,7 +92,7 @@ def test_a_decline_cannot_be_redriven(cli, conn):
 
 def test_refund_goes_through_the_gateway_once_and_is_audited(cli, conn, gateway):
     row = park(conn)
-    charge = charge_at_gateway(gateway, row)
+    charge = gateway.charge(row)
     cli("dlq", "refund", str(row["id"]), "--by", "ops-bo")
     [ledger] = gateway.ledger()
     assert ledger["id"] == charge["id"] and ledger["status"] == "refunded"

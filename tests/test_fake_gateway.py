@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from paycron.procs import ProcessGroup, free_port, gateway_args, wait_http
+from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTUP_SECONDS = 15.0

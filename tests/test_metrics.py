@@ -9,21 +9,29 @@ import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.factories import insert_payment
+from tests.factories import insert_payment, park
 
 RULES = Path(__file__).resolve().parents[1] / "ops" / "prometheus" / "alerts.yml"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
              "gauge": ("",), "summary": ("", "_sum", "_count")}
 
 
-def scrape(client) -> dict[str, float]:
+def samples_of(client) -> list:
     response = client.get("/metrics")
     assert response.status_code == 200
-    samples = {}
-    for family in text_string_to_metric_families(response.get_data(as_text=True)):
-        for sample in family.samples:
-            samples[sample.name] = sample.value
-    return samples
+    return [sample for family in text_string_to_metric_families(response.get_data(as_text=True))
+            for sample in family.samples]
+
+
+def scrape(client) -> dict[str, float]:
+    """Sample name -> value (for unlabelled samples; a labelled one keeps its last value)."""
+    return {sample.name: sample.value for sample in samples_of(client)}
+
+
+def sample_value(client, name: str, **labels: str) -> float:
+    """The value of the one sample ``name{labels}``; 0 before its first count."""
+    found = [s.value for s in samples_of(client) if s.name == name and s.labels == labels]
+    return found[0] if found else 0.0
 
 
 def exported_names(client) -> set[str]:
@@ -39,9 +47,7 @@ def test_gauges_are_computed_from_the_database_at_scrape_time(client, conn):
     insert_payment(conn, due_at=datetime.now(UTC) - timedelta(minutes=3))
     insert_payment(conn, due_at=datetime.now(UTC) - timedelta(seconds=30))
     insert_payment(conn, status="PROCESSING")
-    row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED")
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-                 "VALUES (%s, %s, 'alice', 'RETRIES_EXHAUSTED')", (row["id"], row["due_at"]))
+    park(conn)
     samples = scrape(client)
     assert samples["paycron_backlog_payments"] == 2
     assert 170 <= samples["paycron_oldest_due_pending_age_seconds"] <= 400
@@ -57,10 +63,16 @@ def test_gauges_are_computed_from_the_database_at_scrape_time(client, conn):
     assert scrape(client)["paycron_reconciliation_mismatches"] == 2
 
 
-def test_requests_are_counted(client, alice):
-    client.get("/v1/scheduled-payments", headers=alice)
-    samples = scrape(client)
-    assert any(name == "paycron_http_requests_total" for name in samples)
+def test_requests_are_counted_by_route_and_status(client, alice):
+    listed = {"method": "GET", "endpoint": "/v1/scheduled-payments", "status": "200"}
+    refused = {**listed, "status": "401"}
+    before = {name: sample_value(client, "paycron_http_requests_total", **labels)
+              for name, labels in (("listed", listed), ("refused", refused))}
+    for _ in range(2):
+        assert client.get("/v1/scheduled-payments", headers=alice).status_code == 200
+    assert client.get("/v1/scheduled-payments").status_code == 401
+    assert sample_value(client, "paycron_http_requests_total", **listed) == before["listed"] + 2
+    assert sample_value(client, "paycron_http_requests_total", **refused) == before["refused"] + 1
 
 
 def test_every_metric_an_alert_names_is_exported(client):

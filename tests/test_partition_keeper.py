@@ -10,7 +10,7 @@ import pytest
 from paycron import partitions
 from paycron.db import make_pool
 from scheduler.partition_keeper import PartitionKeeper
-from tests.factories import insert_payment
+from tests.factories import insert_payment, park
 
 
 @pytest.fixture
@@ -70,10 +70,7 @@ def test_detached_days_forget_their_idempotency_keys_and_only_theirs(conn, confi
 
 def test_an_open_dead_letter_keeps_its_partition(conn, config, old_days):
     day = old_days[0]
-    row = insert_payment(conn, due_at=at_noon(day), status="FAILED",
-                         failure_reason="RETRIES_EXHAUSTED")
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-                 "VALUES (%s, %s, 'alice', 'RETRIES_EXHAUSTED')", (row["id"], row["due_at"]))
+    park(conn, due_at=at_noon(day))
     assert partitions.detach_settled(conn, config) == [
         partitions.partition_name(d) for d in sorted(old_days[1:])]
     assert day in partitions.existing_days(conn)

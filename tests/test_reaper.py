@@ -10,15 +10,13 @@ from paycron.gateway_client import CallResult
 from paycron.policy import Decision
 from paycron.transitions import Claim, Finished
 from tests.factories import insert_payment
+from tests.rows import event_types
+from tests.rows import payment as row_of
 
 
 def expire(conn, payment_id):
     conn.execute("UPDATE payments SET lease_until = now() - interval '1 second' "
                  "WHERE id = %s AND status = 'PROCESSING'", (payment_id,))
-
-
-def row_of(conn, payment_id):
-    return conn.execute("SELECT * FROM payments WHERE id = %s", (payment_id,)).fetchone()
 
 
 def attempt_of(conn, payment_id, n):
@@ -76,9 +74,7 @@ def test_the_zombies_late_outcome_is_kept_but_changes_no_status(engine, conn, ga
     assert attempt_of(conn, row["id"], 1)["gateway_ref"] == "ch_zombie"
     assert row_of(conn, row["id"])["status"] == "PROCESSING"  # attempt 2 still holds it
     assert row_of(conn, row["id"])["attempt"] == 2
-    events = [r["type"] for r in conn.execute(
-        "SELECT type FROM payment_events WHERE payment_id = %s ORDER BY id", (row["id"],))]
-    assert "attempt.finished" in events
+    assert "attempt.finished" in event_types(conn, row["id"])
 
 
 def test_a_zombie_failure_cannot_fail_a_reclaimed_payment(engine, conn):

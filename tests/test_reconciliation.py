@@ -4,7 +4,6 @@ against the real fake gateway (its ledger is the truth) and real Postgres."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import uuid
@@ -14,7 +13,6 @@ from datetime import UTC, date, datetime, time, timedelta
 import pytest
 import sentry_sdk
 from click.testing import CliRunner
-from sentry_sdk.transport import Transport
 
 from paycron import transitions
 from paycron.cli import main
@@ -37,7 +35,9 @@ from reconciliation.diff import (
 from reconciliation.errors import ReconciliationError
 from reconciliation.report import COLUMNS, ReportCharge, parse_report
 from tests.engine import Engine
-from tests.factories import insert_payment
+from tests.factories import add_attempt, insert_payment, park
+from tests.rows import attempts_of, letter, payment
+from tests.support import CapturingTransport
 
 # --------------------------------------------------------------------------
 # The pure heart: no database, no gateway
@@ -228,35 +228,9 @@ def counts(result) -> dict[str, int]:
             for m in re.finditer(r"^(\w+) +(\d+)$", result.stdout, re.MULTILINE)}
 
 
-def charge_at_gateway(gateway, row, *, amount=None, currency="USD", key=None) -> dict:
-    response = gateway.http.post(
-        "/v1/charges", headers={"Idempotency-Key": key or str(row["id"])},
-        json={"amount": amount or row["amount_minor"], "currency": currency,
-              "reference": str(row["id"])})
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
 def day_of(charge: dict) -> date:
     """The settlement day a charge is reported on: its UTC created date."""
     return datetime.fromisoformat(charge["created_at"]).astimezone(UTC).date()
-
-
-def park(conn, **columns):
-    row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6,
-                         failures=6, in_doubt=True, **columns)
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error) "
-                 "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED', 'http_503')",
-                 (row["id"], row["due_at"], row["payer"]))
-    return row
-
-
-def add_attempt(conn, row, *, attempt, outcome, finished_at, gateway_ref=None):
-    conn.execute(
-        "INSERT INTO attempts (payment_id, attempt, gateway_key, started_at, finished_at, "
-        "outcome, gateway_ref, worker, due_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 'w', %s)",
-        (row["id"], attempt, str(row["id"]), finished_at - timedelta(milliseconds=80),
-         finished_at, outcome, gateway_ref, row["due_at"]))
 
 
 def completed(conn, *, finished_at, outcome="SUCCEEDED", gateway_ref="ch_ours", **columns):
@@ -267,23 +241,9 @@ def completed(conn, *, finished_at, outcome="SUCCEEDED", gateway_ref="ch_ours", 
     return row
 
 
-def payment(conn, payment_id):
-    return conn.execute("SELECT * FROM payments WHERE id = %s", (payment_id,)).fetchone()
-
-
-def attempts_of(conn, payment_id):
-    return conn.execute("SELECT * FROM attempts WHERE payment_id = %s ORDER BY attempt",
-                        (payment_id,)).fetchall()
-
-
 def events_of(conn, payment_id):
     return conn.execute("SELECT * FROM payment_events WHERE payment_id = %s ORDER BY id",
                         (payment_id,)).fetchall()
-
-
-def letter(conn, payment_id):
-    return conn.execute("SELECT * FROM dead_letters WHERE payment_id = %s ORDER BY id DESC",
-                        (payment_id,)).fetchone()
 
 
 def items(conn):
@@ -295,8 +255,8 @@ def runs(conn):
 
 
 def test_a_parked_payment_the_gateway_charged_is_repaired(reconcile, conn, gateway):
-    row = park(conn)
-    charge = charge_at_gateway(gateway, row)
+    row = park(conn, in_doubt=True)
+    charge = gateway.charge(row)
     result = reconcile(day_of(charge))
     assert counts(result)["repaired"] == 1 and counts(result)["mismatches"] == 0
     after = payment(conn, row["id"])
@@ -325,7 +285,7 @@ def test_a_parked_payment_the_gateway_charged_is_repaired(reconcile, conn, gatew
 
 def test_a_pending_payment_in_doubt_the_gateway_charged_is_repaired(reconcile, conn, gateway):
     row = insert_payment(conn, status="PENDING", attempt=2, failures=2, in_doubt=True)
-    charge = charge_at_gateway(gateway, row)
+    charge = gateway.charge(row)
     reconcile(day_of(charge))
     after = payment(conn, row["id"])
     assert (after["status"], after["attempt"], after["in_doubt"]) == ("COMPLETED", 3, False)
@@ -335,7 +295,7 @@ def test_a_pending_payment_in_doubt_the_gateway_charged_is_repaired(reconcile, c
 
 def test_a_processing_payment_is_deferred_untouched(reconcile, conn, gateway):
     row = insert_payment(conn, status="PROCESSING", attempt=1)
-    charge = charge_at_gateway(gateway, row)
+    charge = gateway.charge(row)
     result = reconcile(day_of(charge))
     assert counts(result)["deferred"] == 1 and counts(result)["repaired"] == 0
     after = payment(conn, row["id"])
@@ -347,22 +307,12 @@ def test_a_processing_payment_is_deferred_untouched(reconcile, conn, gateway):
     assert runs(conn)[0]["deferred"] == 1
 
 
-class CapturingTransport(Transport):
-    def __init__(self, options=None):
-        super().__init__(options)
-        self.events = []
-
-    def capture_envelope(self, envelope):
-        self.events += [json.loads(item.payload.get_bytes()) for item in envelope.items
-                        if item.type == "event"]
-
-
 @pytest.fixture
 def sentry_events():
     transport = CapturingTransport()
     sentry_sdk.init(dsn="https://key@sentry.invalid/1", transport=transport,
                     before_send=scrub)
-    yield transport.events
+    yield transport
     sentry_sdk.get_client().close()
     sentry_sdk.init(dsn=None)
 
@@ -370,7 +320,7 @@ def sentry_events():
 def test_a_charge_for_a_cancelled_payment_pages(reconcile, conn, gateway, sentry_events,
                                                 caplog):
     row = insert_payment(conn, status="CANCELLED")
-    charge = charge_at_gateway(gateway, row)
+    charge = gateway.charge(row)
     with caplog.at_level(logging.ERROR, logger="reconciliation.page"):
         result = reconcile(day_of(charge), code=1)
     assert counts(result)["charge_for_cancelled"] == 1 and counts(result)["mismatches"] == 1
@@ -385,7 +335,7 @@ def test_a_charge_for_a_cancelled_payment_pages(reconcile, conn, gateway, sentry
     assert f"kind=CHARGE_FOR_CANCELLED day={day_of(charge)}" in line.getMessage()
     assert f"payment={row['id']} charge={charge['id']}" in line.getMessage()
     sentry_sdk.flush()
-    [event] = sentry_events  # one event: the ERROR line itself is not sent again
+    [event] = sentry_events.events()  # one event: the ERROR line itself is not sent again
     assert event["level"] == "error"
     assert event["tags"]["reconciliation.kind"] == "CHARGE_FOR_CANCELLED"
     assert event["fingerprint"] == ["reconciliation", "CHARGE_FOR_CANCELLED"]
@@ -394,7 +344,7 @@ def test_a_charge_for_a_cancelled_payment_pages(reconcile, conn, gateway, sentry
 
 def test_a_charge_whose_reference_is_no_payment_of_ours_pages(reconcile, conn, gateway):
     stranger = {"id": new_payment_id(datetime.now(UTC)), "amount_minor": 700}
-    charge = charge_at_gateway(gateway, stranger)
+    charge = gateway.charge(stranger)
     result = reconcile(day_of(charge), code=1)
     assert counts(result)["unknown_reference"] == 1
     [item] = items(conn)
@@ -416,7 +366,7 @@ def test_a_completed_payment_without_a_charge_pages(reconcile, conn, gateway):
 
 def test_a_completed_payment_with_its_charge_is_clean(reconcile, conn, gateway):
     row = insert_payment(conn, status="COMPLETED", attempt=1)
-    charge = charge_at_gateway(gateway, row)
+    charge = gateway.charge(row)
     add_attempt(conn, row, attempt=1, outcome="SUCCEEDED",
                 finished_at=datetime.fromisoformat(charge["created_at"]),
                 gateway_ref=charge["id"])
@@ -431,9 +381,9 @@ def test_a_completed_payment_with_its_charge_is_clean(reconcile, conn, gateway):
 ])
 def test_a_charge_for_other_money_pages(reconcile, conn, gateway, charged, kind):
     row = insert_payment(conn, status="COMPLETED", attempt=1, amount_minor=2500)
-    charge = charge_at_gateway(gateway, row, **charged)
-    parked = park(conn)  # also a miss: wrong money is no proof, it is not repaired
-    other = charge_at_gateway(gateway, parked, **charged)
+    charge = gateway.charge(row, **charged)
+    parked = park(conn, in_doubt=True)  # also a miss: wrong money is no proof, it is not repaired
+    other = gateway.charge(parked, **charged)
     result = reconcile(day_of(charge), code=1)
     assert counts(result)[kind.lower()] == 2 and counts(result)["repaired"] == 0
     assert payment(conn, parked["id"])["status"] == "FAILED"
@@ -464,8 +414,8 @@ def test_two_charges_for_one_key_page(reconcile, conn, gateway, tmp_path):
 
 
 def test_a_refunded_charge_is_not_a_miss(reconcile, conn, gateway):
-    row = park(conn)
-    charge = charge_at_gateway(gateway, row)
+    row = park(conn, in_doubt=True)
+    charge = gateway.charge(row)
     refund = gateway.http.post("/v1/refunds", json={"charge": charge["id"]},
                                headers={"Idempotency-Key": f"refund:{row['id']}"})
     assert refund.status_code == 201
@@ -482,7 +432,7 @@ def test_a_completion_before_midnight_matches_a_charge_reported_the_next_day(
     yesterday = now.date() - timedelta(days=1)
     row = insert_payment(conn, status="COMPLETED", attempt=1,
                          due_at=datetime.combine(yesterday, time(23, 59), tzinfo=UTC))
-    charge = charge_at_gateway(gateway, row)
+    charge = gateway.charge(row)
     charge_day = day_of(charge)
     before_midnight = datetime.combine(charge_day - timedelta(days=1),
                                        time(23, 59, 59, 900000), tzinfo=UTC)
@@ -505,7 +455,7 @@ def test_a_charge_outside_the_three_days_is_asked_for_before_paging(reconcile, c
     """A re-drive found the charge two days after it was made: the day of the
     completion has no charge in its reports, but the gateway holds one."""
     row = insert_payment(conn, status="COMPLETED", attempt=7)
-    charge = charge_at_gateway(gateway, row)
+    charge = gateway.charge(row)
     found_on = day_of(charge) + timedelta(days=2)
     add_attempt(conn, row, attempt=7, outcome="FOUND_BY_LOOKUP", gateway_ref=charge["id"],
                 finished_at=datetime.combine(found_on, time(9), tzinfo=UTC))
@@ -517,10 +467,10 @@ def test_a_charge_outside_the_three_days_is_asked_for_before_paging(reconcile, c
 
 
 def test_a_second_run_repairs_nothing_twice(reconcile, conn, gateway):
-    parked, pending = park(conn), insert_payment(conn, status="PENDING", in_doubt=True,
-                                                 attempt=1, failures=1)
+    parked = park(conn, in_doubt=True)
+    pending = insert_payment(conn, status="PENDING", in_doubt=True, attempt=1, failures=1)
     cancelled = insert_payment(conn, status="CANCELLED")
-    charges = [charge_at_gateway(gateway, r) for r in (parked, pending, cancelled)]
+    charges = [gateway.charge(r) for r in (parked, pending, cancelled)]
     day = day_of(charges[0])
     first = counts(reconcile(day, code=1))
     attempts_before = {r["id"]: attempts_of(conn, r["id"]) for r in (parked, pending)}

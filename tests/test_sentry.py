@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
@@ -10,39 +9,15 @@ import dramatiq
 import pytest
 import sentry_sdk
 from dramatiq.brokers.stub import StubBroker
-from sentry_sdk.transport import Transport
 
 from paycron.observability import init_sentry
+from tests.support import CapturingTransport
 
 # Made at run time: a literal would also appear in the source context Sentry
 # sends for the test's own frames.
 SECRET_PAYER = f"payer-{uuid.uuid4().hex}"
 SECRET_PAYEE = f"payee-{uuid.uuid4().hex}"
 SECRET_KEY = f"idem-{uuid.uuid4().hex}"
-
-
-class CapturingTransport(Transport):
-    def __init__(self, options=None):
-        super().__init__(options)
-        self.envelopes = []
-
-    def capture_envelope(self, envelope):
-        self.envelopes.append(envelope)
-
-    def text(self) -> str:
-        parts = []
-        for envelope in self.envelopes:
-            for item in envelope.items:
-                parts.append(item.payload.get_bytes().decode(errors="replace"))
-        return "\n".join(parts)
-
-    def events(self) -> list[dict]:
-        found = []
-        for envelope in self.envelopes:
-            for item in envelope.items:
-                if item.type == "event":
-                    found.append(json.loads(item.payload.get_bytes()))
-        return found
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from paycron.procs import REPO_ROOT
+from devtools.procs import REPO_ROOT
 
 
 @pytest.mark.timeout(600)

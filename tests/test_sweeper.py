@@ -11,14 +11,23 @@ import pytest
 from paycron.breaker import BreakerState
 from tests.engine import Engine
 from tests.factories import bulk_insert, insert_payment
+from tests.rows import count
+from tests.support import Clock
 
 
 @pytest.fixture
-def make_engine(config):
+def clock():
+    """The breakers' clock, shared by every engine a test makes (their
+    breaker state in Redis is one)."""
+    return Clock()
+
+
+@pytest.fixture
+def make_engine(config, clock):
     engines = []
 
     def make(**overrides):
-        eng = Engine(config.with_overrides(**overrides))
+        eng = Engine(config.with_overrides(**overrides), clock=clock)
         engines.append(eng)
         return eng
 
@@ -113,22 +122,24 @@ def test_an_open_breaker_claims_nothing_and_workers_release(make_engine, conn, g
     engine.breaker.open()
     counts = engine.executor.execute(claims)
     assert counts.released == 3 and counts.calls == 0
-    after = conn.execute("SELECT status, failures, attempt, lease_until FROM payments").fetchall()
-    assert all(r["status"] == "PENDING" and r["failures"] == 0 and r["lease_until"] is None
-               for r in after)
+    after = {r["id"]: (r["status"], r["failures"], r["lease_until"]) for r in conn.execute(
+        "SELECT id, status, failures, lease_until FROM payments")}
+    assert after == {r["id"]: ("PENDING", 0, None) for r in rows}
     assert engine.sweep() == []  # no claims while open: no attempts churned
-    assert conn.execute("SELECT count(*) AS n FROM attempts").fetchone()["n"] == 0
+    assert count(conn, "attempts") == 0
     assert gateway.stats()["charge_requests"] == 0
-    assert len(rows) == 3
 
 
-def test_half_open_probes_with_exactly_one_claim(make_engine, conn, gateway):
-    engines = [make_engine(circuit_open_seconds=0.2) for _ in range(3)]
+def test_half_open_probes_with_exactly_one_claim(make_engine, conn, gateway, clock):
+    engines = [make_engine(circuit_open_seconds=30) for _ in range(3)]
     for _ in range(5):
         insert_payment(conn)
     engines[0].breaker.open()
-    time.sleep(0.3)
-    assert engines[0].breaker.state() is BreakerState.HALF_OPEN
+    clock.advance(29.9)
+    assert {e.breaker.state() for e in engines} == {BreakerState.OPEN}
+    assert [m for e in engines for m in e.sweep()] == []
+    clock.advance(0.2)
+    assert {e.breaker.state() for e in engines} == {BreakerState.HALF_OPEN}
     sent = [m for e in engines for m in e.sweep()]
     assert len(sent) == 1
     [(claims, probe)] = sent
@@ -138,13 +149,16 @@ def test_half_open_probes_with_exactly_one_claim(make_engine, conn, gateway):
     assert engines[1].sweeper.run_once().claimed == 4
 
 
-def test_a_failed_probe_reopens(make_engine, conn, gateway):
-    engine = make_engine(circuit_open_seconds=0.2)
+def test_a_failed_probe_reopens(make_engine, conn, gateway, clock):
+    engine = make_engine(circuit_open_seconds=30)
     insert_payment(conn, amount_minor=50003)
     engine.breaker.open()
-    time.sleep(0.3)
-    sent = engine.sweep()
-    engine.work(sent)
+    clock.advance(31)
+    [(claims, probe)] = engine.sweep()
+    assert probe and len(claims) == 1
+    engine.work([(claims, probe)])
+    assert engine.breaker.state() is BreakerState.OPEN
+    clock.advance(29)  # open for another full period from the probe's failure
     assert engine.breaker.state() is BreakerState.OPEN
 
 

@@ -1,4 +1,5 @@
-"""``paycron demo``: the whole system on one machine, end to end.
+"""``paycron demo`` (registered by ``devtools.cli``): the whole system on
+one machine, end to end.
 
 Starts (or uses) Postgres and Redis, the fake gateway with faults on, the
 API under gunicorn, a scheduler and a worker as real processes (the same
@@ -27,20 +28,23 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from paycron import apikeys, stats
-from paycron.config import Config
-from paycron.db import connect
-from paycron.migrate import migrate
-from paycron.partitions import ensure_partitions
-from paycron.procs import (
-    SCHEDULER_ARGS,
+from devtools.fake_gateway import GatewayHandle, charges_per_key
+from devtools.procs import (
     ProcessGroup,
     free_port,
     gateway_args,
+    scheduler_args,
     wait_http,
     web_args,
     worker_args,
 )
+from devtools.stats import outcome_summary, status_counts
+from paycron import apikeys
+from paycron.config import Config
+from paycron.db import connect
+from paycron.migrate import migrate
+from paycron.partitions import ensure_partitions
+from paycron.stats import lateness
 
 #: Magic amounts the fake gateway always declines / always answers 503 to.
 DECLINE_AMOUNT, ALWAYS_503_AMOUNT = 40002, 50003
@@ -135,15 +139,18 @@ def run_demo(config: Config, *, count: int = 300, window: float = 30.0,
         stack.callback(procs.stop)
         wait_http(f"http://127.0.0.1:{gateway_port}/healthz",
                   procs.start("gateway", gateway_args(gateway_port)))
-        httpx.post(f"http://127.0.0.1:{gateway_port}/_faults", json=DEMO_FAULTS)
+        gateway = GatewayHandle(f"http://127.0.0.1:{gateway_port}")
+        stack.callback(gateway.close)
+        gateway.faults(**DEMO_FAULTS)
         web = procs.start("web", web_args(web_port))
-        procs.start("scheduler", SCHEDULER_ARGS)
+        procs.start("scheduler", scheduler_args())
         procs.start("worker", worker_args(1, 8))
         wait_http(f"http://127.0.0.1:{web_port}/readyz", web)
         console.print(f"gateway faults: {DEMO_FAULTS}")
 
-        api = httpx.Client(base_url=f"http://127.0.0.1:{web_port}",
-                           headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        api = stack.enter_context(httpx.Client(
+            base_url=f"http://127.0.0.1:{web_port}",
+            headers={"Authorization": f"Bearer {key}"}, timeout=10))
         started = datetime.now(UTC)
         ids = create_payments(api, count, window)
         console.print(f"created {len(ids)} payments through the API, due over {window:.0f}s")
@@ -151,7 +158,7 @@ def run_demo(config: Config, *, count: int = 300, window: float = 30.0,
         t0 = time.monotonic()
         with connect(config) as conn, Live(console=console, refresh_per_second=2) as live:
             while True:
-                counts = stats.status_counts(conn)
+                counts = status_counts(conn)
                 live.update(progress_table(counts, time.monotonic() - t0))
                 if counts.get("PENDING", 0) + counts.get("PROCESSING", 0) == 0:
                     break
@@ -159,17 +166,13 @@ def run_demo(config: Config, *, count: int = 300, window: float = 30.0,
                     console.print("[red]deadline passed with payments still open[/]")
                     break
                 time.sleep(0.5)
-            summary = stats.outcome_summary(conn)
-            late = stats.lateness(conn, since=started)
-        ledger = httpx.get(f"http://127.0.0.1:{gateway_port}/_ledger").json()["charges"]
-        return report(summary, late, ledger)
+            summary = outcome_summary(conn)
+            late = lateness(conn, since=started)
+        return report(summary, late, gateway.ledger())
 
 
 def report(summary: dict, late: dict, ledger: list[dict]) -> int:
-    per_key: dict[str, int] = {}
-    for charge in ledger:
-        per_key[charge["idempotency_key"]] = per_key.get(charge["idempotency_key"], 0) + 1
-    worst = max(per_key.values(), default=0)
+    worst = max(charges_per_key(ledger).values(), default=0)
     charged = sum(c["amount"] for c in ledger if c["status"] == "succeeded")
 
     table = Table(title="outcomes")
