@@ -24,6 +24,9 @@ Charges
     * Magic amounts, whatever the fault settings (they skip latency, the
       rate ceiling and every random fault): 40002 always declines,
       50003 always answers 503 (never charges, never stored).
+    * A fresh answer that waited an injected latency says how long in
+      ``Fake-Latency-Ms`` (milliseconds, three decimals), so tests can check
+      the latency distribution without timing anything; replays do not wait.
 
     ``GET /v1/charges?reference=R`` → ``{"data": [charges]}``;
     ``GET /v1/charges/{id}`` → the charge, or 404 ``resource_missing``.
@@ -64,6 +67,7 @@ from gateway.fake.jsonapi import (
     invalid,
     json_object,
     json_response,
+    latency_headers,
     raw_json_response,
 )
 from gateway.fake.keys import KeyEntry
@@ -142,28 +146,34 @@ class CardSurface:
     ) -> web.StreamResponse:
         """The answer to a charge request whose fate is decided; stored if definitive."""
         outcome = fate.outcome
+        headers = latency_headers(fate.latency_ms)
         if outcome is Outcome.TIMEOUT:
-            raise ApiError(504, "gateway_timeout", "the processor did not answer", kind="api_error")
+            raise ApiError(
+                504, "gateway_timeout", "the processor did not answer",
+                kind="api_error", headers=headers,
+            )
         if outcome is Outcome.SERVER_ERROR:
             raise ApiError(
                 fate.error_status, "processing_error", "transient processor error",
-                kind="api_error",
+                kind="api_error", headers=headers,
             )
         if outcome is Outcome.UNAVAILABLE:
             raise ApiError(503, "service_unavailable", "try again later", kind="api_error")
         if outcome is Outcome.DECLINE:
-            return self._store(entry, 402, DECLINED_BODY)
+            return self._store(entry, 402, DECLINED_BODY, headers)
         charge = self.processor.record_charge(entry, amount, currency, reference)
-        response = self._store(entry, 201, charge)
+        response = self._store(entry, 201, charge, headers)
         if outcome is Outcome.CHARGE_THEN_DROP:
             return _drop_connection(request)
         return response
 
-    def _store(self, entry: KeyEntry, status: int, payload: Any) -> web.Response:
-        """Keep a definitive answer for the entry's key, and return it."""
+    def _store(
+        self, entry: KeyEntry, status: int, payload: Any, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        """Keep a definitive answer for the entry's key (not `headers`), and return it."""
         body = dumps(payload)
         self.processor.keys.store(entry, status, body)
-        return raw_json_response(status, body)
+        return raw_json_response(status, body, headers=headers)
 
     async def list_charges(self, request: web.Request) -> web.StreamResponse:
         """`GET /v1/charges?reference=`: the charges with that reference, kept forever."""

@@ -1,6 +1,9 @@
 """The test controls: underscore paths, not part of a real processor.
 
-``POST /_faults`` with any subset of ``latency_ms``, ``decline_rate``,
+``POST /_faults`` with any subset of ``latency_dist`` (``"fixed"``, the
+default: every charge waits ``latency_ms``; ``"lognormal"``: median
+``latency_p50_ms``, 99th percentile ``latency_p99_ms``, at most
+``latency_cap_ms`` if set, drawn from the seeded dice), ``decline_rate``,
 ``error_rate`` (500/502/503, no charge), ``timeout_rate`` (sleep
 ``timeout_sleep_ms`` then 504, no charge), ``charge_then_drop_rate``
 (charge, store the answer, then close the connection unanswered),

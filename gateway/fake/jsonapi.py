@@ -18,6 +18,8 @@ from gateway.fake.errors import Refusal
 
 JSON_TYPE = "application/json"
 REPLAYED_HEADERS = {"Idempotent-Replayed": "true"}
+#: The latency the fake waited before answering (a test affordance; no real processor has it).
+LATENCY_HEADER = "Fake-Latency-Ms"
 #: Idempotency keys are 1..255 printable characters (255 is Stripe's limit too).
 MAX_KEY_LENGTH = 255
 
@@ -90,6 +92,11 @@ def raw_json_response(
 ) -> web.Response:
     """A JSON answer whose body is already encoded (a stored answer)."""
     return web.Response(body=body, status=status, content_type=JSON_TYPE, headers=headers)
+
+
+def latency_headers(latency_ms: float) -> dict[str, str] | None:
+    """The header reporting an injected latency, if there was one."""
+    return {LATENCY_HEADER: f"{latency_ms:.3f}"} if latency_ms else None
 
 
 def api(handler: Handler, refusals: RefusalAnswers) -> Handler:

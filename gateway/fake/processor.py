@@ -51,10 +51,11 @@ OUTCOME_STATS = {
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Fate:
-    """A charge's outcome, with the HTTP status of a server error."""
+    """A charge's outcome, the HTTP status of a server error, and the latency it waited."""
 
     outcome: Outcome
     error_status: int = 503
+    latency_ms: float = 0.0
 
 
 CHARGE = Fate(Outcome.CHARGE)
@@ -162,17 +163,20 @@ class FakeProcessor:
     async def _draw(self) -> Fate:
         """Throw the dice of the current faults."""
         faults, dice = self.faults, self.dice
-        if faults.latency_ms:
-            await asyncio.sleep(faults.latency_ms / 1000)
+        latency_ms = dice.latency_ms(faults)
+        if latency_ms:
+            await asyncio.sleep(latency_ms / 1000)
         if dice.roll(faults.timeout_rate):
-            return TIMEOUT
-        if dice.roll(faults.error_rate):
-            return Fate(Outcome.SERVER_ERROR, dice.server_error_status())
-        if dice.roll(faults.decline_rate):
-            return DECLINE
-        if dice.roll(faults.charge_then_drop_rate):
-            return CHARGE_THEN_DROP
-        return CHARGE
+            fate = TIMEOUT
+        elif dice.roll(faults.error_rate):
+            fate = Fate(Outcome.SERVER_ERROR, dice.server_error_status())
+        elif dice.roll(faults.decline_rate):
+            fate = DECLINE
+        elif dice.roll(faults.charge_then_drop_rate):
+            fate = CHARGE_THEN_DROP
+        else:
+            fate = CHARGE
+        return dataclasses.replace(fate, latency_ms=latency_ms) if latency_ms else fate
 
     def record_charge(self, entry: KeyEntry, amount: int, currency: str, reference: str) -> Charge:
         """Enter a charge under the entry's key in the ledger."""
