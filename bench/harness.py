@@ -63,8 +63,9 @@ class System:
     database_url: str
     settings: dict[str, str] = field(default_factory=dict)
     schedulers: int = 1
-    worker_processes: int = 2
-    worker_threads: int = 16
+    #: None: the Procfile's own counts.
+    worker_processes: int | None = 2
+    worker_threads: int | None = 16
 
     def __post_init__(self):
         self.logdir = Path(tempfile.mkdtemp(prefix="paycron-bench-"))
@@ -127,3 +128,38 @@ def max_charges_per_key(ledger: list[dict]) -> int:
 def settled_counts(conn, until: datetime | None = None) -> dict:
     """{completed, lease_expired} among payments due before ``until``."""
     return stats.settled_counts(conn, until=until or datetime.now(UTC) + timedelta(days=1))
+
+
+def cpu_seconds(procs) -> float:
+    """User + system CPU of every live process in these children's sessions
+    (each child starts a session of its own, which its forks share)."""
+    sessions = {proc.pid for proc in procs if proc.poll() is None}
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        # after the command: state ppid pgrp session ... utime(12) stime(13)
+        if int(fields[3]) in sessions:
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def in_flight(conn) -> dict:
+    """Gateway calls in flight over the run, from the attempt rows' start and
+    finish times: the most at once, and the mean while any was."""
+    rows = conn.execute(
+        "SELECT started_at, finished_at FROM attempts WHERE finished_at IS NOT NULL"
+        " AND outcome NOT IN ('RECONCILED', 'FOUND_BY_LOOKUP', 'NOT_SENT')").fetchall()
+    if not rows:
+        return {"max": 0, "mean": 0.0}
+    edges = sorted([(r["started_at"], 1) for r in rows] + [(r["finished_at"], -1) for r in rows])
+    current = peak = 0
+    for _, step in edges:
+        current += step
+        peak = max(peak, current)
+    busy = (edges[-1][0] - edges[0][0]).total_seconds() or 1.0
+    held = sum((r["finished_at"] - r["started_at"]).total_seconds() for r in rows)
+    return {"max": peak, "mean": held / busy}
