@@ -188,6 +188,16 @@ def live_server(app):
     server.shutdown()
 
 
+@pytest.fixture
+def scripted():
+    """A gateway the test scripts (tests.support.ScriptedGateway)."""
+    from tests.support import ScriptedGateway
+
+    gateway = ScriptedGateway()
+    yield gateway
+    gateway.close()
+
+
 def future(seconds: float = 3600) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
 

@@ -4,8 +4,6 @@ and the executor against a gateway that answers absurdly, over real HTTP."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import redis
@@ -17,39 +15,6 @@ from paycron.execution import Executor
 from paycron.gateway_client import HttpGateway
 from paycron.transitions import UNWRITABLE, claim_due
 from tests.factories import insert_payment
-
-
-class ScriptedGateway:
-    """Answers a charge by its amount: ``answers[amount] = (status, headers, body)``."""
-
-    def __init__(self):
-        self.answers: dict[int, tuple[int, dict, bytes]] = {}
-        gateway = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, headers, payload = gateway.answers[body["amount"]]
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-
-
-@pytest.fixture
-def scripted():
-    gateway = ScriptedGateway()
-    yield gateway
-    gateway.server.shutdown()
 
 
 def charge(scripted, status, body=b"{}", headers=None):

@@ -1,0 +1,198 @@
+"""Execution at a real processor's latency (SPEC §13, issue 10): calls of a
+batch side by side, the in-flight bound from Little's law, the lease checked
+just before each call, and 409 "key in use" costing no budget. Against a
+scripted gateway over real HTTP and the real Postgres."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from paycron.breaker import CircuitBreaker
+from paycron.db import make_pool
+from paycron.execution import Executor
+from paycron.gateway_client import HttpGateway
+from paycron.inflight import HEADROOM, Dispatcher, InFlightLimit
+from paycron.policy import KEY_IN_USE_LOOKUP_AFTER
+from paycron.transitions import claim_due
+from tests.factories import insert_payment
+from tests.rows import attempts_of, payment
+
+OK = (200, {}, b'{"id": "ch_1"}')
+
+
+class RecordingGateway(HttpGateway):
+    """The real client, noting the timeout each charge was given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.timeouts: list[float | None] = []
+
+    def charge(self, **kwargs):
+        self.timeouts.append(kwargs.get("timeout"))
+        return super().charge(**kwargs)
+
+
+@pytest.fixture
+def make_executor(config, scripted):
+    made = []
+
+    def make(*, calls=None, clock=None, **kwargs) -> Executor:
+        pool = make_pool(config, max_size=2, name="test-in-flight")
+        gateway = RecordingGateway(scripted.url, timeout=config.gateway_timeout_seconds)
+        extra = {"clock": clock} if clock else {}
+        executor = Executor(config=config, pool=pool, gateway=gateway, call_limiter=None,
+                            breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url),
+                                                   config),
+                            calls=calls, **extra, **kwargs)
+        made.append(executor)
+        return executor
+
+    yield make
+    for executor in made:
+        executor.gateway.close()
+        executor.pool.close()
+        if executor.calls is not None:
+            executor.calls.shutdown()
+
+
+def test_a_batchs_calls_are_in_flight_together(conn, scripted, make_executor):
+    """Ten calls each wait until all ten have arrived: made one after
+    another, the first would wait alone and time out."""
+    arrived = threading.Barrier(10, timeout=5)
+
+    def together(_body):
+        try:
+            arrived.wait()
+        except threading.BrokenBarrierError:
+            return (503, {}, b"{}")
+        return OK
+
+    scripted.answers[2500] = together
+    for _ in range(10):
+        insert_payment(conn)
+    executor = make_executor(calls=ThreadPoolExecutor(max_workers=16))
+    counts = executor.execute(claim_due(conn, limit=10, lease_seconds=30))
+    assert counts.calls == 10
+    assert counts.outcomes == {"SUCCEEDED": 10}
+
+
+def test_no_call_is_sent_once_its_lease_is_too_short(conn, scripted, make_executor):
+    """The clock jumps past the lease between the lease renewal and the
+    call: nothing is sent, nothing is charged, no budget is used."""
+    scripted.answers[2500] = OK
+    row = insert_payment(conn)
+    ticks = iter([1000.0, 1000.0 + 29.5])  # renewed at 1000 (30 s lease), sending at 1029.5
+    executor = make_executor(clock=lambda: next(ticks))
+    counts = executor.execute(claim_due(conn, limit=1, lease_seconds=30))
+    assert (counts.calls, counts.outcomes) == (0, {"NOT_SENT": 1})
+    assert scripted.charge_requests() == 0
+    after = payment(conn, row["id"])
+    assert (after["status"], after["failures"], after["in_doubt"]) == ("PENDING", 0, False)
+    assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["NOT_SENT"]
+
+
+def test_a_calls_timeout_is_cut_to_the_lease_left(conn, config, scripted, make_executor):
+    scripted.answers[2500] = OK
+    insert_payment(conn)
+    ticks = iter([1000.0, 1000.0 + 27.0])  # 3 s of a 30 s lease left; the timeout is 2 s
+    executor = make_executor(clock=lambda: next(ticks))
+    executor.execute(claim_due(conn, limit=1, lease_seconds=30))
+    insert_payment(conn)
+    ticks2 = iter([2000.0, 2000.0 + 28.5])  # 1.5 s left
+    executor.clock = lambda: next(ticks2)
+    executor.execute(claim_due(conn, limit=1, lease_seconds=30))
+    assert executor.gateway.timeouts == [config.gateway_timeout_seconds, 1.5]
+
+
+def test_key_in_use_costs_no_budget_and_is_looked_up_after_ten(conn, scripted, make_executor):
+    """An earlier call with this key still runs at the processor: every 409
+    is in doubt, spends nothing, and after ten in a row the payment is asked
+    about by reference; still nothing found, it waits on, budget intact."""
+    scripted.answers[2500] = (409, {}, json.dumps(
+        {"error": {"code": "idempotency_key_in_use"}}).encode())
+    row = insert_payment(conn)
+    executor = make_executor()
+    for streak in range(1, KEY_IN_USE_LOOKUP_AFTER + 1):
+        conn.execute("UPDATE payments SET run_at = due_at WHERE id = %s", (row["id"],))
+        executor.execute(claim_due(conn, limit=1, lease_seconds=30))
+        after = payment(conn, row["id"])
+        assert (after["status"], after["failures"], after["in_doubt"],
+                after["key_in_use"]) == ("PENDING", 0, True, streak)
+    lookups = [r for r in scripted.requests if r[0] == "GET"]
+    assert len(lookups) == 1  # at the tenth, not before
+    assert {a["outcome"] for a in attempts_of(conn, row["id"])} == {"KEY_IN_USE"}
+
+
+def test_a_key_in_use_then_found_completes(conn, scripted, make_executor):
+    scripted.answers[2500] = (409, {}, b"{}")
+    row = insert_payment(conn, key_in_use=KEY_IN_USE_LOOKUP_AFTER - 1, in_doubt=True)
+    scripted.charges[str(row["id"])] = [{"id": "ch_9", "reference": str(row["id"]),
+                                         "amount": 2500, "currency": "USD",
+                                         "status": "succeeded"}]
+    make_executor().execute(claim_due(conn, limit=1, lease_seconds=30))
+    after = payment(conn, row["id"])
+    assert (after["status"], after["in_doubt"]) == ("COMPLETED", False)
+    assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["FOUND_BY_LOOKUP"]
+
+
+def test_the_in_flight_size_follows_latency_within_its_bound():
+    limit = InFlightLimit(rate=500, max_in_flight=256, floor=5, initial_latency=0.3)
+    assert limit.size == round(500 * 0.3 * HEADROOM)
+    for _ in range(500):
+        limit.observe(0.01)  # a fast gateway needs few
+    assert limit.size == 8  # 500 x ~0.01 x 1.5, rounded up
+    for _ in range(500):
+        limit.observe(2.0)  # a slow one more, but never past the bound
+    assert limit.size == 256
+    assert InFlightLimit(rate=1, max_in_flight=256, floor=5, initial_latency=0.1).size == 5
+
+
+def test_a_full_process_admits_no_more_until_calls_finish():
+    limit = InFlightLimit(rate=10, max_in_flight=4, initial_latency=1.0)  # size 4
+    limit.acquire(3)
+    admitted = threading.Event()
+    waiter = threading.Thread(target=lambda: (limit.acquire(2), admitted.set()))
+    waiter.start()
+    assert not admitted.wait(0.3)  # 3 + 2 > 4: waits
+    limit.release(3)
+    assert admitted.wait(5)
+    waiter.join()
+    limit.release(2)
+    limit.acquire(9)  # larger than the limit, but alone: let in rather than stuck
+    assert limit.held == 9
+
+
+class _Executor:
+    def __init__(self, fail=False):
+        self.fail, self.ran, self.release = fail, [], threading.Event()
+
+    def execute(self, claims, *, probe=False):
+        self.release.wait(5)
+        self.ran.append(len(claims))
+        if self.fail:
+            raise RuntimeError("the database went away")
+
+
+def test_the_dispatcher_returns_before_the_calls_and_frees_its_room_after():
+    executor = _Executor()
+    limit = InFlightLimit(rate=10, max_in_flight=10, initial_latency=1.0)
+    with ThreadPoolExecutor(max_workers=4) as groups:
+        dispatcher = Dispatcher(executor=executor, limit=limit, groups=groups)
+        dispatcher.submit(["a", "b", "c"])
+        assert limit.held == 3 and executor.ran == []  # admitted, still running
+        executor.release.set()
+    assert executor.ran == [3] and limit.held == 0
+
+
+def test_a_failed_group_frees_its_room_too():
+    executor = _Executor(fail=True)
+    executor.release.set()
+    limit = InFlightLimit(rate=10, max_in_flight=10, initial_latency=1.0)
+    with ThreadPoolExecutor(max_workers=1) as groups:
+        Dispatcher(executor=executor, limit=limit, groups=groups).submit(["a", "b"])
+    assert executor.ran == [2] and limit.held == 0
