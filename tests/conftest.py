@@ -198,6 +198,23 @@ def scripted():
     gateway.close()
 
 
+@pytest.fixture
+def sentry(config):
+    """Sentry initialised as a process would be, sending to a transport
+    that keeps every envelope (tests.support.CapturingTransport)."""
+    import sentry_sdk
+
+    from paycron.observability import init_sentry
+    from tests.support import CapturingTransport
+
+    transport = CapturingTransport()
+    assert init_sentry(config.with_overrides(sentry_dsn="https://key@sentry.invalid/1"),
+                       component="worker", transport=transport)
+    yield transport
+    sentry_sdk.get_client().close()
+    sentry_sdk.init(dsn=None)
+
+
 def future(seconds: float = 3600) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
 

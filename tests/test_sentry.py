@@ -6,12 +6,8 @@ import time
 import uuid
 
 import dramatiq
-import pytest
 import sentry_sdk
 from dramatiq.brokers.stub import StubBroker
-
-from paycron.observability import init_sentry
-from tests.support import CapturingTransport
 
 # Made at run time: a literal would also appear in the source context Sentry
 # sends for the test's own frames.
@@ -19,15 +15,6 @@ SECRET_PAYER = f"payer-{uuid.uuid4().hex}"
 SECRET_PAYEE = f"payee-{uuid.uuid4().hex}"
 SECRET_KEY = f"idem-{uuid.uuid4().hex}"
 
-
-@pytest.fixture
-def sentry(config):
-    transport = CapturingTransport()
-    assert init_sentry(config.with_overrides(sentry_dsn="https://key@sentry.invalid/1"),
-                       component="worker", transport=transport)
-    yield transport
-    sentry_sdk.get_client().close()
-    sentry_sdk.init(dsn=None)
 
 
 def test_a_failing_request_leaks_no_body_or_ids(config, sentry, alice):

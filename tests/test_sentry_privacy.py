@@ -12,9 +12,8 @@ import pytest
 import sentry_sdk
 
 from paycron import transitions
-from paycron.observability import init_sentry
 from tests.factories import insert_payment
-from tests.test_sentry import CapturingTransport
+from tests.support import CapturingTransport
 
 # Made at run time: a literal would also appear in the source context Sentry
 # sends for the test's own frames.
@@ -23,16 +22,11 @@ PAYEE = f"payee-{uuid.uuid4().hex}"
 
 
 @pytest.fixture
-def captured(config, caplog):
+def captured(sentry, caplog):
     """A capturing Sentry client, and paycron's INFO lines logged (they are
     the breadcrumbs, as in the processes, which log at INFO)."""
     caplog.set_level(logging.INFO, logger="paycron")
-    transport = CapturingTransport()
-    assert init_sentry(config.with_overrides(sentry_dsn="https://key@sentry.invalid/1"),
-                       component="worker", transport=transport)
-    yield transport
-    sentry_sdk.get_client().close()
-    sentry_sdk.init(dsn=None)
+    return sentry
 
 
 def _row_the_database_refuses(conn) -> None:

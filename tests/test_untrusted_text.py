@@ -6,8 +6,6 @@ an output line."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
@@ -18,51 +16,21 @@ from paycron.gateway_client import HttpGateway
 from tests.factories import insert_payment
 
 
-class DecliningGateway:
-    """A stub of the gateway's HTTP API that answers every charge 402 with
-    ``{"error": {"code": <code>}}``, the decline's wire format."""
-
-    def __init__(self):
-        self.code: object = "card_declined"
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers["Content-Length"]))
-                body = json.dumps({"error": {"code": stub.code}}).encode()
-                self.send_response(402)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def declining():
-    stub = DecliningGateway()
-    client = HttpGateway(stub.url, timeout=2)
+def declining(scripted):
+    """decline(code) -> the code as stored, after the gateway answered a
+    charge 402 ``{"error": {"code": <code>}}``, the decline's wire format."""
+    client = HttpGateway(scripted.url, timeout=2)
 
     def decline(code: object) -> str:
-        stub.code = code
+        scripted.answers[100] = (402, {"Content-Type": "application/json"},
+                                 json.dumps({"error": {"code": code}}).encode())
         result = client.charge(idempotency_key="k", amount=100, currency="USD", reference="r")
         assert result.outcome is Outcome.DECLINED
         return result.error_code
 
     yield decline
     client.close()
-    stub.close()
 
 
 @pytest.mark.parametrize("sent, stored", [
