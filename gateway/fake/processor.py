@@ -148,11 +148,12 @@ class FakeProcessor:
     async def fate(self, forced: Fate | None = None) -> Fate:
         """What befalls a charge: `forced` (a surface's test input), else the faults decide.
 
-        The faults apply in a fixed order (latency, timeout, server error,
-        decline, charge-then-drop) so a seed gives the same outcomes. A
-        timeout holds the caller (and so its key) for `timeout_sleep_ms`.
+        The charge waits its latency, then the fate is counted; a timeout
+        then holds the caller (and so its key) for `timeout_sleep_ms`.
         """
-        fate = forced if forced is not None else await self._draw()
+        fate = forced if forced is not None else self._draw()
+        if fate.latency_ms:
+            await asyncio.sleep(fate.latency_ms / 1000)
         stat = OUTCOME_STATS.get(fate.outcome)
         if stat is not None:
             self.stats[stat] += 1
@@ -160,12 +161,15 @@ class FakeProcessor:
             await asyncio.sleep(self.faults.timeout_sleep_ms / 1000)
         return fate
 
-    async def _draw(self) -> Fate:
-        """Throw the dice of the current faults."""
+    def _draw(self) -> Fate:
+        """Throw the dice of the current faults, in a fixed order, as the request arrives.
+
+        Thrown on arrival rather than after the latency, a seed gives the
+        same fates to the same sequence of requests however their latencies
+        make them finish.
+        """
         faults, dice = self.faults, self.dice
         latency_ms = dice.latency_ms(faults)
-        if latency_ms:
-            await asyncio.sleep(latency_ms / 1000)
         if dice.roll(faults.timeout_rate):
             fate = TIMEOUT
         elif dice.roll(faults.error_rate):
