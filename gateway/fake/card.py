@@ -61,7 +61,6 @@ from gateway.fake.jsonapi import (
     ApiError,
     ErrorShape,
     RefusalAnswers,
-    api,
     dumps,
     idempotency_key,
     invalid,
@@ -69,6 +68,7 @@ from gateway.fake.jsonapi import (
     json_response,
     latency_headers,
     raw_json_response,
+    route_table,
 )
 from gateway.fake.keys import KeyEntry
 from gateway.fake.ledger import Charge
@@ -104,16 +104,13 @@ REFUSAL_ANSWERS: RefusalAnswers = {
 def routes(processor: FakeProcessor) -> list[web.RouteDef]:
     """The card surface's routes, over `processor`."""
     surface = CardSurface(processor)
-    return [
-        web.route(method, path, api(handler, REFUSAL_ANSWERS))
-        for method, path, handler in (
-            ("POST", "/v1/charges", surface.create_charge),
-            ("GET", "/v1/charges", surface.list_charges),
-            ("GET", "/v1/charges/{charge_id}", surface.get_charge),
-            ("POST", "/v1/refunds", surface.create_refund),
-            ("GET", "/v1/settlement-report", surface.settlement_report),
-        )
-    ]
+    return route_table([
+        ("POST", "/v1/charges", surface.create_charge),
+        ("GET", "/v1/charges", surface.list_charges),
+        ("GET", "/v1/charges/{charge_id}", surface.get_charge),
+        ("POST", "/v1/refunds", surface.create_refund),
+        ("GET", "/v1/settlement-report", surface.settlement_report),
+    ], REFUSAL_ANSWERS)
 
 
 class CardSurface:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.fake import errors
-from gateway.fake.jsonapi import ErrorShape, RefusalAnswers, api, json_object, json_response
+from gateway.fake.jsonapi import ErrorShape, RefusalAnswers, json_object, json_response, route_table
 from gateway.fake.processor import FakeProcessor
 
 #: Every refusal of the core a control request can meet.
@@ -33,17 +33,14 @@ REFUSAL_ANSWERS: RefusalAnswers = {
 def routes(processor: FakeProcessor) -> list[web.RouteDef]:
     """The control routes, over `processor`."""
     controls = Controls(processor)
-    return [
-        web.route(method, path, api(handler, REFUSAL_ANSWERS))
-        for method, path, handler in (
-            ("GET", "/_faults", controls.get_faults),
-            ("POST", "/_faults", controls.set_faults),
-            ("GET", "/_stats", controls.get_stats),
-            ("GET", "/_ledger", controls.get_ledger),
-            ("POST", "/_reset", controls.post_reset),
-            ("GET", "/healthz", controls.healthz),
-        )
-    ]
+    return route_table([
+        ("GET", "/_faults", controls.get_faults),
+        ("POST", "/_faults", controls.set_faults),
+        ("GET", "/_stats", controls.get_stats),
+        ("GET", "/_ledger", controls.get_ledger),
+        ("POST", "/_reset", controls.post_reset),
+        ("GET", "/healthz", controls.healthz),
+    ], REFUSAL_ANSWERS)
 
 
 class Controls:

@@ -133,6 +133,13 @@ async def json_object(request: web.Request) -> dict[str, Any]:
     return payload
 
 
+def route_table(table: list[tuple[str, str, Handler]],
+                refusals: RefusalAnswers) -> list[web.RouteDef]:
+    """``(method, path, handler)`` rows as aiohttp routes, each wrapped by
+    :func:`api` with the surface's own refusal table."""
+    return [web.route(method, path, api(handler, refusals)) for method, path, handler in table]
+
+
 def idempotency_key(request: web.Request) -> str:
     """The request's `Idempotency-Key` header, required on every POST that moves money."""
     key = request.headers.get("Idempotency-Key")
