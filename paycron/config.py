@@ -1,5 +1,8 @@
 """Configuration, read from the environment once into a frozen, validated object.
 
+Each field made with :func:`setting` is read from the variable of its name
+in upper case; the others are constants a test may override.
+
 Nothing else in the code base reads ``os.environ``: the composition roots
 (web app factory, scheduler, worker, CLI) call :meth:`Config.from_env` and
 pass the result down explicitly.
@@ -9,8 +12,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 
 from paycron.errors import ConfigError
 
@@ -38,62 +41,73 @@ def _flag(text: str) -> bool:
     raise ValueError("expected true or false")
 
 
+def _url(text: str) -> str:
+    return text.rstrip("/")
+
+
+def setting(default, parse: Callable[[str], object]):
+    """A field read from the environment by :meth:`Config.from_env`, with
+    ``parse`` turning the variable's text into the value."""
+    return field(default=default, metadata={"parse": parse})
+
+
 @dataclass(frozen=True)
 class Config:
-    database_url: str | None = None
-    redis_url: str | None = None
-    gateway_url: str = "http://127.0.0.1:9090"
-    sentry_dsn: str | None = None
+    database_url: str | None = setting(None, str)
+    redis_url: str | None = setting(None, str)
+    gateway_url: str = setting("http://127.0.0.1:9090", _url)
+    sentry_dsn: str | None = setting(None, str)
     #: Gateway calls per second, all workers together (and the claim pace).
-    gateway_rate_limit: int = 100
-    lease_seconds: float = 120.0
-    sweep_interval_seconds: float = 2.0
-    claim_batch: int = 100
-    gateway_timeout_seconds: float = 10.0
+    gateway_rate_limit: int = setting(100, int)
+    lease_seconds: float = setting(120.0, parse_duration)
+    sweep_interval_seconds: float = setting(2.0, parse_duration)
+    claim_batch: int = setting(100, int)
+    gateway_timeout_seconds: float = setting(10.0, parse_duration)
     #: With 5 delays a budget allows 6 gateway calls; the 6th retryable failure parks.
-    retry_delays: tuple[float, ...] = (60.0, 300.0, 1800.0, 7200.0, 43200.0)
+    retry_delays: tuple[float, ...] = setting((60.0, 300.0, 1800.0, 7200.0, 43200.0),
+                                              parse_durations)
     #: Backoff jitter: each delay is multiplied by uniform(1 - j, 1 + j).
-    retry_jitter: float = 0.2
-    max_lease_expiries: int = 5
-    smear_seconds: float = 0.0
-    circuit_failure_ratio: float = 0.5
-    circuit_min_calls: int = 20
-    circuit_open_seconds: float = 30.0
+    retry_jitter: float = setting(0.2, float)
+    max_lease_expiries: int = setting(5, int)
+    smear_seconds: float = setting(0.0, parse_duration)
+    circuit_failure_ratio: float = setting(0.5, float)
+    circuit_min_calls: int = setting(20, int)
+    circuit_open_seconds: float = setting(30.0, parse_duration)
     #: 1,000,000.00 in a two-decimal currency: a cap that stops fat fingers.
-    max_amount_minor: int = 100_000_000
-    horizon_days: int = 366
-    default_currency: str = "USD"
-    max_body_bytes: int = 65536
-    partition_retention_days: int = 90
+    max_amount_minor: int = setting(100_000_000, int)
+    horizon_days: int = setting(366, int)
+    default_currency: str = setting("USD", str.upper)
+    max_body_bytes: int = setting(65536, int)
+    partition_retention_days: int = setting(90, int)
     #: Partitions created past the horizon, so a create at the horizon's edge
     #: never races the partition keeper.
     partition_margin_days: int = 7
     #: Payment ids per Dramatiq message; capped so the whole group's calls fit
     #: well inside one lease (see :attr:`group_size`).
-    message_group_size: int = 10
+    message_group_size: int = setting(10, int)
     #: Dramatiq queue the execute actor listens on.
     queue_name: str = "payments"
     #: Prefix of every Redis key paycron writes (broker, rate limits, breaker).
-    redis_namespace: str = "paycron"
+    redis_namespace: str = setting("paycron", str)
     #: The circuit breaker judges the gateway on calls of the last this-many seconds.
-    circuit_window_seconds: int = 10
-    db_pool_max: int = 10
+    circuit_window_seconds: int = setting(10, int)
+    db_pool_max: int = setting(10, int)
     #: Gateway calls one worker process keeps in flight at most; what it keeps
     #: is sized from the ceiling and the observed latency (paycron/inflight.py).
     #: 256 covers a 200/s ceiling at 1 s with headroom in a single process.
-    gateway_max_in_flight: int = 256
+    gateway_max_in_flight: int = setting(256, int)
     #: How long a web process trusts an API key it has authenticated: a
     #: revocation reaches every process within this time; 0 checks every request.
-    api_key_cache_seconds: float = 10.0
+    api_key_cache_seconds: float = setting(10.0, parse_duration)
     #: Let webhook endpoints point at loopback/private addresses (tests, on-premise).
-    webhook_allow_private_hosts: bool = False
+    webhook_allow_private_hosts: bool = setting(False, _flag)
     #: Webhook relay: endpoints served at once, one delivery's time limit,
     #: and the cap of its doubling backoff after failed deliveries.
-    webhook_concurrency: int = 8
-    webhook_timeout_seconds: float = 5.0
-    webhook_backoff_max_seconds: float = 600.0
+    webhook_concurrency: int = setting(8, int)
+    webhook_timeout_seconds: float = setting(5.0, parse_duration)
+    webhook_backoff_max_seconds: float = setting(600.0, parse_duration)
     #: Scheduler and worker processes serve their counters here (see paycron.metrics).
-    metrics_port: int | None = None
+    metrics_port: int | None = setting(None, int)
 
     def __post_init__(self) -> None:
         if self.gateway_timeout_seconds > self.lease_seconds / 3:
@@ -128,61 +142,17 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        """Every :func:`setting` from the variable of its name in upper case
+        (``lease_seconds`` from ``LEASE_SECONDS``); unset or empty keeps the default."""
         env = os.environ if environ is None else environ
-
-        def get(name: str, cast, default):
-            raw = env.get(name)
+        values = {}
+        for f in fields(cls):
+            parse = f.metadata.get("parse")
+            raw = env.get(f.name.upper()) if parse else None
             if raw is None or raw == "":
-                return default
+                continue
             try:
-                return cast(raw)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"{name}={raw!r}: {exc}") from None
-
-        d = cls()
-        return cls(
-            database_url=env.get("DATABASE_URL") or None,
-            redis_url=env.get("REDIS_URL") or None,
-            gateway_url=get("GATEWAY_URL", str, d.gateway_url).rstrip("/"),
-            sentry_dsn=env.get("SENTRY_DSN") or None,
-            gateway_rate_limit=get("GATEWAY_RATE_LIMIT", int, d.gateway_rate_limit),
-            lease_seconds=get("LEASE_SECONDS", parse_duration, d.lease_seconds),
-            sweep_interval_seconds=get(
-                "SWEEP_INTERVAL_SECONDS", parse_duration, d.sweep_interval_seconds
-            ),
-            claim_batch=get("CLAIM_BATCH", int, d.claim_batch),
-            gateway_timeout_seconds=get(
-                "GATEWAY_TIMEOUT_SECONDS", parse_duration, d.gateway_timeout_seconds
-            ),
-            retry_delays=get("RETRY_DELAYS", parse_durations, d.retry_delays),
-            retry_jitter=get("RETRY_JITTER", float, d.retry_jitter),
-            max_lease_expiries=get("MAX_LEASE_EXPIRIES", int, d.max_lease_expiries),
-            smear_seconds=get("SMEAR_SECONDS", parse_duration, d.smear_seconds),
-            circuit_failure_ratio=get("CIRCUIT_FAILURE_RATIO", float, d.circuit_failure_ratio),
-            circuit_min_calls=get("CIRCUIT_MIN_CALLS", int, d.circuit_min_calls),
-            circuit_open_seconds=get(
-                "CIRCUIT_OPEN_SECONDS", parse_duration, d.circuit_open_seconds
-            ),
-            max_amount_minor=get("MAX_AMOUNT_MINOR", int, d.max_amount_minor),
-            horizon_days=get("HORIZON_DAYS", int, d.horizon_days),
-            default_currency=get("DEFAULT_CURRENCY", str, d.default_currency).upper(),
-            max_body_bytes=get("MAX_BODY_BYTES", int, d.max_body_bytes),
-            partition_retention_days=get(
-                "PARTITION_RETENTION_DAYS", int, d.partition_retention_days
-            ),
-            message_group_size=get("MESSAGE_GROUP_SIZE", int, d.message_group_size),
-            db_pool_max=get("DB_POOL_MAX", int, d.db_pool_max),
-            gateway_max_in_flight=get("GATEWAY_MAX_IN_FLIGHT", int, d.gateway_max_in_flight),
-            api_key_cache_seconds=get("API_KEY_CACHE_SECONDS", parse_duration,
-                                      d.api_key_cache_seconds),
-            redis_namespace=get("REDIS_NAMESPACE", str, d.redis_namespace),
-            metrics_port=get("METRICS_PORT", int, d.metrics_port),
-            webhook_allow_private_hosts=get("WEBHOOK_ALLOW_PRIVATE_HOSTS", _flag,
-                                            d.webhook_allow_private_hosts),
-            circuit_window_seconds=get("CIRCUIT_WINDOW_SECONDS", int, d.circuit_window_seconds),
-            webhook_concurrency=get("WEBHOOK_CONCURRENCY", int, d.webhook_concurrency),
-            webhook_timeout_seconds=get("WEBHOOK_TIMEOUT_SECONDS", parse_duration,
-                                        d.webhook_timeout_seconds),
-            webhook_backoff_max_seconds=get("WEBHOOK_BACKOFF_MAX_SECONDS", parse_duration,
-                                            d.webhook_backoff_max_seconds),
-        )
+                values[f.name] = parse(raw)
+            except (TypeError, ValueError, ConfigError) as exc:
+                raise ConfigError(f"{f.name.upper()}={raw!r}: {exc}") from None
+        return cls(**values)

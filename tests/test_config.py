@@ -1,0 +1,49 @@
+"""Configuration: read once from the environment, validated, documented."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from paycron.config import Config
+from paycron.errors import ConfigError
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+SETTINGS = [f.name.upper() for f in fields(Config) if "parse" in f.metadata]
+
+
+def test_each_setting_is_read_from_its_variable():
+    config = Config.from_env({
+        "DATABASE_URL": "postgresql://db/x", "GATEWAY_URL": "http://gw:1/", "LEASE_SECONDS": "2m",
+        "RETRY_DELAYS": "30s, 5m", "RETRY_JITTER": "0.1", "DEFAULT_CURRENCY": "eur",
+        "WEBHOOK_ALLOW_PRIVATE_HOSTS": "yes", "GATEWAY_MAX_IN_FLIGHT": "64",
+        "METRICS_PORT": "9100", "API_KEY_CACHE_SECONDS": "250ms"})
+    assert (config.database_url, config.gateway_url, config.lease_seconds) == (
+        "postgresql://db/x", "http://gw:1", 120.0)
+    assert (config.retry_delays, config.retry_jitter, config.default_currency) == (
+        (30.0, 300.0), 0.1, "EUR")
+    assert (config.webhook_allow_private_hosts, config.gateway_max_in_flight,
+            config.metrics_port, config.api_key_cache_seconds) == (True, 64, 9100, 0.25)
+
+
+def test_unset_and_empty_variables_keep_the_defaults():
+    assert Config.from_env({}) == Config()
+    assert Config.from_env({name: "" for name in SETTINGS}) == Config()
+
+
+@pytest.mark.parametrize("name, value", [
+    ("CLAIM_BATCH", "ten"), ("LEASE_SECONDS", "soon"), ("WEBHOOK_ALLOW_PRIVATE_HOSTS", "maybe"),
+    ("RETRY_DELAYS", "1m,later"), ("CLAIM_BATCH", "0"), ("GATEWAY_MAX_IN_FLIGHT", "0"),
+    ("GATEWAY_TIMEOUT_SECONDS", "50"),  # more than LEASE_SECONDS / 3
+])
+def test_a_bad_value_refuses_to_start_naming_the_variable(name, value):
+    with pytest.raises(ConfigError) as refused:
+        Config.from_env({name: value})
+    assert name in str(refused.value)
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_every_setting_is_documented(name):
+    assert f"`{name}`" in README
