@@ -55,6 +55,33 @@ class CapturingTransport(Transport):
         return found
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler of the test servers: no access log, and an answer
+    in one call."""
+
+    def answer(self, status: int, payload: bytes = b"", headers: dict | None = None) -> None:
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def serve_on_loopback(handler: type[BaseHTTPRequestHandler], *, host: str = "127.0.0.1",
+                      port: int = 0) -> ThreadingHTTPServer:
+    """A threaded HTTP server on loopback, serving in a daemon thread; the
+    caller shuts it down (``server.shutdown(); server.server_close()``)."""
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    server.block_on_close = False
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 #: One scripted answer: (HTTP status, headers, body bytes).
 Answer = tuple[int, dict, bytes]
 
@@ -72,34 +99,22 @@ class ScriptedGateway:
         self.requests: list[tuple[str, str, dict | None]] = []
         gateway = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 gateway.requests.append(("POST", self.path, body))
                 answer = gateway.answers[body["amount"]]
-                self._answer(*(answer(body) if callable(answer) else answer))
+                status, headers, payload = answer(body) if callable(answer) else answer
+                self.answer(status, payload, headers)
 
             def do_GET(self):
                 url = urlsplit(self.path)
                 gateway.requests.append(("GET", url.path, None))
                 reference = parse_qs(url.query).get("reference", [""])[0]
                 payload = json.dumps({"data": gateway.charges.get(reference, [])}).encode()
-                self._answer(200, {"Content-Type": "application/json"}, payload)
+                self.answer(200, payload, {"Content-Type": "application/json"})
 
-            def _answer(self, status: int, headers: dict, payload: bytes):
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_on_loopback(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
 
     def charge_requests(self) -> int:

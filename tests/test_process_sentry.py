@@ -13,11 +13,9 @@ import gzip
 import json
 import subprocess
 import sys
-import threading
 import time
 import uuid
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
 from paycron.messages import EXECUTE_ACTOR
+from tests.support import QuietHandler, serve_on_loopback
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: A port nothing listens on: connections to it are refused at once.
@@ -38,7 +37,7 @@ class SentryReceiver:
         self.events: list[dict] = []
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 encoding = self.headers.get("Content-Encoding", "")
@@ -51,15 +50,9 @@ class SentryReceiver:
 
                     body = brotli.decompress(body)
                 receiver._store(body)
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(b"{}")
+                self.answer(200, b"{}")
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_on_loopback(Handler)
         self.dsn = f"http://public@127.0.0.1:{self.server.server_port}/1"
 
     def _store(self, envelope: bytes) -> None:

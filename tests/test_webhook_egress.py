@@ -11,7 +11,7 @@ import ssl
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -20,6 +20,7 @@ from paycron.config import Config
 from paycron.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
+from tests.support import QuietHandler
 
 #: A public address (it was example.com's): what the rebinding name answers first.
 PUBLIC = "93.184.215.14"
@@ -41,16 +42,11 @@ class LoopbackReceiver:
         self.server_names: list[str | None] = []  # SNI, when TLS
         received = self.requests
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):
                 self.rfile.read(int(self.headers["Content-Length"]))
                 received.append((self.headers["Host"], self.path))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
+                self.answer(200)
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True

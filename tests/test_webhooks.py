@@ -11,7 +11,6 @@ import random
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
 import pytest
@@ -24,6 +23,7 @@ from paycron.db import make_pool
 from paycron.errors import ConfigError
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
+from tests.support import QuietHandler, serve_on_loopback
 
 URL = "/v1/webhook-endpoints"
 #: Fast relay settings: a 1 s timeout, backoff from 50 ms doubling to 400 ms.
@@ -59,7 +59,7 @@ class Receiver:
         self._released = threading.Event()
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as real receivers do
 
             def do_POST(self):
@@ -74,19 +74,9 @@ class Receiver:
                     })
                 if receiver.hang_seconds:
                     receiver._released.wait(receiver.hang_seconds)
-                status = 500 if n < receiver.fail_first else 200
-                self.send_response(status)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
+                self.answer(500 if n < receiver.fail_first else 200, b"ok")
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.server.block_on_close = False
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_on_loopback(Handler)
 
     @property
     def url(self) -> str:
