@@ -4,6 +4,7 @@ the Flask app, API keys and row factories."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
@@ -193,9 +194,8 @@ def scripted():
     """A gateway the test scripts (tests.support.ScriptedGateway)."""
     from tests.support import ScriptedGateway
 
-    gateway = ScriptedGateway()
-    yield gateway
-    gateway.close()
+    with contextlib.closing(ScriptedGateway()) as gateway:
+        yield gateway
 
 
 @pytest.fixture

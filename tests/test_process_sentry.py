@@ -9,6 +9,7 @@ as "worker").
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import subprocess
@@ -76,9 +77,8 @@ class SentryReceiver:
 
 @pytest.fixture
 def receiver():
-    r = SentryReceiver()
-    yield r
-    r.close()
+    with contextlib.closing(SentryReceiver()) as made:
+        yield made
 
 
 def _start(args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.Popen:

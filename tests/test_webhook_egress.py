@@ -3,6 +3,7 @@ IPv4 hidden in IPv6 is checked too, and refusals do not echo addresses."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import shutil
@@ -66,9 +67,8 @@ class LoopbackReceiver:
 
 @pytest.fixture
 def receiver():
-    made = LoopbackReceiver()
-    yield made
-    made.close()
+    with contextlib.closing(LoopbackReceiver()) as made:
+        yield made
 
 
 @pytest.fixture
