@@ -105,7 +105,7 @@ def explain_summary(conn) -> str:
     try:
         with conn.transaction():
             plan = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("lock_due"),
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("lock_due_fairly"),
                 {"limit": 10, "now": datetime.now(UTC)},
             ).fetchone()
             raise Rollback(plan)

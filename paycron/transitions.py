@@ -88,19 +88,21 @@ def cancel(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> CancelOutc
 
 
 def claim_due(conn: Connection, *, limit: int, lease_seconds: float) -> list[Claim]:
-    """PENDING -> PROCESSING for up to ``limit`` due rows (lease, attempt + 1).
+    """PENDING -> PROCESSING for up to ``limit`` due rows (lease, attempt + 1),
+    shared across payers round-robin, oldest first within each payer; the
+    claims come back in that order (the order they are enqueued in).
 
-    Two statements in one transaction: lock the due rows (SKIP LOCKED), then
-    claim exactly those. The commit is the claim: a crash before it claims
-    nothing; after it, the leases cover the rows.
+    Two statements in one transaction: lock the rows fairly (SKIP LOCKED),
+    then claim exactly those. The commit is the claim: a crash before it
+    claims nothing; after it, the leases cover the rows.
     """
     with conn.transaction():
-        locked = conn.execute(q("lock_due"), {"limit": limit, "now": datetime.now(UTC)},
-                              prepare=True).fetchall()
-        if not locked:
+        turns = conn.execute(q("lock_due_fairly"), {"limit": limit, "now": datetime.now(UTC)},
+                             prepare=True).fetchall()
+        if not turns:
             return []
         rows = conn.execute(q("claim_locked"), {
-            "ids": [r["id"] for r in locked], "due_ats": [r["due_at"] for r in locked],
+            "ids": [r["id"] for r in turns], "due_ats": [r["due_at"] for r in turns],
             "lease_seconds": lease_seconds,
         }, prepare=True).fetchall()
     for r in rows:
@@ -108,9 +110,9 @@ def claim_due(conn: Connection, *, limit: int, lease_seconds: float) -> list[Cla
     return [Claim(r["id"], r["due_at"], r["attempt"]) for r in rows]
 
 
-def count_unfinished(conn: Connection) -> int:
-    """PROCESSING rows: claimed, and queued for a worker or in flight."""
-    return conn.execute(q("count_unfinished"), {"now": datetime.now(UTC)},
+def count_queued(conn: Connection) -> int:
+    """Claims waiting for their call: PROCESSING with no attempt row yet."""
+    return conn.execute(q("count_queued"), {"now": datetime.now(UTC)},
                         prepare=True).fetchone()["n"]
 
 

@@ -19,27 +19,61 @@ WITH cancelled AS (
 )
 SELECT id FROM cancelled;
 
--- name: lock_due
+-- name: lock_due_fairly
 -- The claim, step 1 (one transaction with claim_locked): lock up to
--- %(limit)s due PENDING rows, oldest run_at first. SKIP LOCKED: concurrent
--- sweepers take disjoint batches without waiting on each other.
+-- %(limit)s due PENDING rows, shared across payers round-robin and oldest
+-- first within each payer (SPEC §14): each payer with due work gets an equal
+-- share of the batch, and the rows come back as every payer's oldest, then
+-- every payer's second, ... A FIFO over run_at let one payer's backlog of
+-- 1,500 hold another payer's 15 back by 15 s at 100/s. A payer with less
+-- than its share leaves the rest to the next batch (the sweep goes on while
+-- batches claim anything).
+-- The payers with due work are found by a loose index scan over
+-- payments_fair_idx (one probe per payer, however deep its backlog); each
+-- payer's oldest rows by the same index, locked as they are read. SKIP
+-- LOCKED: concurrent sweepers take disjoint rows without waiting.
 -- due_at <= %(now)s is implied by run_at <= now() but, being a parameter,
 -- lets Postgres prune every future partition at PLAN time: with now() it
 -- prunes only at run time, after locking and planning all ~375 partitions
 -- (1,878 locks per claim instead of 13, measured on PostgreSQL 15).
-SELECT id, due_at FROM payments
-WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s
-ORDER BY run_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+WITH RECURSIVE payers(payer) AS (
+    (SELECT payer FROM payments
+     WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s
+     ORDER BY payer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.payer FROM payments p
+            WHERE p.status = 'PENDING' AND p.run_at <= now() AND p.due_at <= %(now)s
+              AND p.payer > payers.payer
+            ORDER BY p.payer LIMIT 1)
+    FROM payers WHERE payers.payer IS NOT NULL
+), share AS (
+    SELECT ceil(%(limit)s::numeric / greatest(count(*), 1))::int AS rows_each
+    FROM payers WHERE payer IS NOT NULL
+), turns AS (
+    SELECT c.id, c.due_at, c.run_at,
+           row_number() OVER (PARTITION BY payers.payer ORDER BY c.run_at, c.id) AS turn
+    FROM payers CROSS JOIN share
+    CROSS JOIN LATERAL (
+        SELECT id, due_at, run_at FROM payments
+        WHERE payer = payers.payer AND status = 'PENDING' AND run_at <= now()
+          AND due_at <= %(now)s
+        ORDER BY run_at LIMIT share.rows_each
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE payers.payer IS NOT NULL
+)
+SELECT id, due_at FROM turns ORDER BY turn, run_at, id LIMIT %(limit)s;
 
--- name: count_unfinished
--- Claims not yet finished (queued for a worker or in flight): the sweep
--- claims no more than the workers can call before the leases run out. The
--- reaper's partial index answers it; future partitions are pruned at plan
--- time as in lock_due.
-SELECT count(*) AS n FROM payments
-WHERE status = 'PROCESSING' AND due_at <= %(now)s;
+-- name: count_queued
+-- Claims waiting for their call (PROCESSING, no attempt row yet): the sweep
+-- keeps only about two seconds of the ceiling queued beyond what is in
+-- flight, so a later payer's claim is never behind a long FIFO (SPEC §14).
+-- The reaper's partial index finds PROCESSING rows; future partitions are
+-- pruned at plan time as in lock_due_fairly.
+SELECT count(*) AS n FROM payments p
+WHERE p.status = 'PROCESSING' AND p.due_at <= %(now)s
+  AND NOT EXISTS (SELECT 1 FROM attempts a
+                  WHERE a.payment_id = p.id AND a.attempt = p.attempt);
 
 -- name: claim_locked
 -- The claim, step 2: PENDING -> PROCESSING for the rows step 1 locked,
@@ -50,7 +84,8 @@ WHERE status = 'PROCESSING' AND due_at <= %(now)s;
 -- (bench/sweep_history.py); and due_at = ANY(...) plans only the claimed
 -- rows' partitions.
 WITH locked AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[]) AS l(id, due_at)
+    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[]) WITH ORDINALITY
+        AS l(id, due_at, turn)
 ), claimed AS (
     UPDATE payments p
     SET status = 'PROCESSING',
@@ -60,12 +95,12 @@ WITH locked AS (
     FROM locked l
     WHERE p.id = l.id AND p.due_at = l.due_at AND p.status = 'PENDING'
       AND p.due_at = ANY(%(due_ats)s::timestamptz[])
-    RETURNING p.id, p.due_at, p.payer, p.attempt, p.run_at
+    RETURNING p.id, p.due_at, p.payer, p.attempt, l.turn
 ), ev AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt)
     SELECT id, payer, 'payment.processing', 'PROCESSING', attempt FROM claimed
 )
-SELECT id, due_at, attempt FROM claimed ORDER BY run_at;
+SELECT id, due_at, attempt FROM claimed ORDER BY turn;
 
 -- name: start_attempts
 -- Fence + lease renewal + the IN_FLIGHT attempt row (the recovery point),

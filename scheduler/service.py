@@ -33,12 +33,17 @@ class PeriodicService:
         run is logged (and reaches Sentry) and retried after a pause."""
         while not stop.is_set():
             try:
-                self.run_once()
+                counts = self.run_once()
             except Exception:
                 log.exception("%s: run failed", self.name)
                 stop.wait(min(ERROR_PAUSE_SECONDS, 2 * self.interval_seconds))
                 continue
-            stop.wait(self.interval_seconds)
+            stop.wait(self.wait_after(counts))
+
+    def wait_after(self, counts) -> float:
+        """How long to sleep after a run: the interval, since ``run_once``
+        returns only when a batch came back short."""
+        return self.interval_seconds
 
     def close(self) -> None:
         """Free what the service holds once its loop has ended."""

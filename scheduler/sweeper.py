@@ -1,12 +1,14 @@
-"""The sweep: claim due rows, commit, then enqueue them.
+"""The sweep: claim due rows fairly across payers, commit, then enqueue them.
 
 Any number of sweepers run at once with no leader: ``FOR UPDATE SKIP
-LOCKED`` hands each a disjoint batch. The sweep drains while batches come
-back full, paced by one token bucket in Redis shared by every scheduler,
-and keeps no more work claimed and unfinished than the workers can call in
-a quarter of a lease. While the circuit breaker is open it claims nothing;
-half-open, the one sweeper that wins the probe token claims the single
-oldest due row.
+LOCKED`` hands each a disjoint batch. The sweep drains while batches claim
+anything, paced by one token bucket in Redis shared by every scheduler, and
+keeps only CLAIM_AHEAD_SECONDS of the ceiling queued beyond what is in
+flight: a deeper queue is a FIFO again, and a payer that falls due later
+would wait behind it (SPEC §14). When the queue is full it looks again
+shortly rather than after a whole interval. While the circuit breaker is
+open it claims nothing; half-open, the one sweeper that wins the probe token
+claims the single oldest due row.
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ from paycron import metrics
 from paycron.breaker import BreakerState, CircuitBreaker
 from paycron.config import Config
 from paycron.pacing import ClaimPacer
-from paycron.transitions import Claim, claim_due, count_unfinished
+from paycron.transitions import Claim, claim_due, count_queued
 from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.sweeper")
+
+#: Claims queued beyond those in flight: about this many seconds of the ceiling.
+CLAIM_AHEAD_SECONDS = 2.0
+#: With the queue full (or the pace spent), the sweep looks again this soon.
+PACED_RECHECK_SECONDS = 0.2
 
 #: enqueue(claims, probe) sends one message for a group of claims.
 Enqueue = Callable[[Sequence[Claim], bool], None]
@@ -38,12 +45,14 @@ class SweepSettings:
     claim_batch: int
     lease_seconds: float
     group_size: int
+    claim_ahead: int  # claims queued beyond those in flight, at most
 
     @classmethod
     def from_config(cls, config: Config) -> SweepSettings:
         return cls(interval_seconds=config.sweep_interval_seconds,
                    claim_batch=config.claim_batch, lease_seconds=config.lease_seconds,
-                   group_size=config.group_size)
+                   group_size=config.group_size,
+                   claim_ahead=max(1, round(config.gateway_rate_limit * CLAIM_AHEAD_SECONDS)))
 
 
 @dataclass
@@ -53,6 +62,7 @@ class SweepCounts:
     batches: int = 0
     probe: bool = False
     breaker: str = BreakerState.CLOSED.value
+    paced: bool = False  # stopped by the queue bound or the pace, not by a drained schedule
 
 
 class Sweeper(PeriodicService):
@@ -66,6 +76,9 @@ class Sweeper(PeriodicService):
         self.pacer = pacer
         self.breaker = breaker
         self.enqueue = enqueue
+
+    def wait_after(self, counts: SweepCounts) -> float:
+        return PACED_RECHECK_SECONDS if counts.paced else self.interval_seconds
 
     def _send(self, claims: Sequence[Claim], counts: SweepCounts, probe: bool = False) -> None:
         size = self.settings.group_size
@@ -95,10 +108,11 @@ class Sweeper(PeriodicService):
                 else:  # nothing due: no evidence either way, so close
                     self.breaker.close()
             return counts
-        # Claimed and not yet finished (queued or in flight), from Postgres:
-        # the schedule of record, not the broker's private layout.
+        # What is queued, from Postgres (the schedule of record), not from
+        # the broker's private layout.
         with self.pool.connection() as conn:
-            room = self.pacer.capacity - count_unfinished(conn)
+            room = self.settings.claim_ahead - count_queued(conn)
+        counts.paced = True
         while room > 0:
             granted = self.pacer.take(min(self.settings.claim_batch, room))
             if granted == 0:
@@ -109,7 +123,10 @@ class Sweeper(PeriodicService):
             counts.claimed += len(claims)
             counts.batches += 1
             room -= len(claims)
-            if len(claims) < granted:
+            # A short batch may only mean some payer had less than its fair
+            # share: go on until a batch claims nothing.
+            if not claims:
+                counts.paced = False
                 break
         if counts.claimed:
             log.info("sweep %s", counts)

@@ -44,7 +44,7 @@ STATEMENTS = {
     "reap_locked": lambda conn, row: conn.execute(q("reap_locked"), {
         **claim_params(row), "statuses": ["PENDING"], "failure_reasons": [None],
         "in_doubts": [True]}),
-    "count_unfinished": lambda conn, row: transitions.count_unfinished(conn),
+    "count_queued": lambda conn, row: transitions.count_queued(conn),
     "start_attempts": lambda conn, row: conn.execute(q("start_attempts"), {
         **claim_params(row), "lease_seconds": 30, "worker": "w"}),
     "release_claims": lambda conn, row: conn.execute(q("release_claims"), claim_params(row)),
@@ -70,7 +70,7 @@ def test_hot_statements_lock_only_a_few_partitions(conn, row, name):
 
 def test_a_statement_on_now_would_lock_everything(conn):
     """The control: the same sweep written with now() locks every partition."""
-    sweep_on_now = q("lock_due").replace("%(now)s", "now()")
+    sweep_on_now = q("lock_due_fairly").replace("%(now)s", "now()")
     taken = locks_taken(conn, lambda: conn.execute(
         sweep_on_now, {"limit": 100, "lease_seconds": 30}))
     assert taken > 1000

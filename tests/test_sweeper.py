@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -24,10 +25,16 @@ def clock():
 
 @pytest.fixture
 def make_engine(config, clock):
+    """make(claim_ahead=None, **config overrides): an in-process engine; no
+    worker runs, so claims stay queued: a test of the pace itself lifts
+    the queue bound (``claim_ahead``)."""
     engines = []
 
-    def make(**overrides):
+    def make(claim_ahead: int | None = None, **overrides):
         eng = Engine(config.with_overrides(**overrides), clock=clock)
+        if claim_ahead is not None:
+            eng.sweeper.settings = dataclasses.replace(eng.sweeper.settings,
+                                                       claim_ahead=claim_ahead)
         engines.append(eng)
         return eng
 
@@ -65,7 +72,8 @@ def test_a_full_batch_drains_and_messages_carry_small_groups(make_engine, conn):
     engine = make_engine(claim_batch=100, message_group_size=10, gateway_rate_limit=100_000,
                          gateway_timeout_seconds=1)
     counts = engine.sweeper.run_once()
-    assert counts.claimed == 250 and counts.batches == 3
+    # 100, 100, 50, then one that claims nothing: the drain ends there
+    assert counts.claimed == 250 and counts.batches == 4
     assert counts.messages == 25
     assert all(len(claims) <= 10 for claims, _ in engine.messages)
 
@@ -83,8 +91,8 @@ def test_pacing_is_shared_by_every_sweeper(make_engine, conn):
     """Two sweepers together claim no more than the one bucket allows
     (capacity 10/s * 30 s / 4 = 75, then 10/s); two buckets would allow 150."""
     bulk_insert(conn, 500)
-    a = make_engine(gateway_rate_limit=10, lease_seconds=30)
-    b = make_engine(gateway_rate_limit=10, lease_seconds=30)
+    a = make_engine(gateway_rate_limit=10, lease_seconds=30, claim_ahead=10_000)
+    b = make_engine(gateway_rate_limit=10, lease_seconds=30, claim_ahead=10_000)
     a.sweeper.run_once()  # warm the connections (the first touch of 375 partitions is slow)
     claimed = conn.execute("SELECT count(*) AS n FROM payments WHERE status = 'PROCESSING'"
                            ).fetchone()["n"]
@@ -97,7 +105,8 @@ def test_pacing_is_shared_by_every_sweeper(make_engine, conn):
 
 
 def test_unused_tokens_are_given_back(make_engine, conn):
-    engine = make_engine(gateway_rate_limit=1, lease_seconds=300)  # capacity 75, 1/s refill
+    engine = make_engine(gateway_rate_limit=1, lease_seconds=300,  # capacity 75, 1/s refill
+                         claim_ahead=10_000)
     insert_payment(conn)
     assert engine.sweeper.run_once().claimed == 1  # took 75 tokens, used 1
     bulk_insert(conn, 200)
@@ -105,14 +114,50 @@ def test_unused_tokens_are_given_back(make_engine, conn):
     assert engine.sweeper.run_once().claimed >= 70
 
 
-def test_claimed_unfinished_work_bounds_new_claims(make_engine, conn):
-    """Capacity 75 (10/s x 30 s / 4); 70 rows already claimed and unfinished
-    (queued or in flight) leave room for 5, however many are due."""
+def test_only_two_seconds_of_the_ceiling_are_queued_beyond_what_is_in_flight(
+        make_engine, conn):
+    """At 50/s the sweep keeps 100 claims queued. 70 claims are queued (no
+    attempt row yet) and 30 in flight (their IN_FLIGHT rows): room for 30,
+    however many are due; the in-flight ones do not count against it."""
     for _ in range(70):
         insert_payment(conn, status="PROCESSING", attempt=1)
-    bulk_insert(conn, 100)
-    engine = make_engine(gateway_rate_limit=10, lease_seconds=30)
-    assert engine.sweeper.run_once().claimed == 5
+    for _ in range(30):
+        row = insert_payment(conn, status="PROCESSING", attempt=1)
+        conn.execute("INSERT INTO attempts (payment_id, attempt, gateway_key, outcome, due_at)"
+                     " VALUES (%s, 1, %s, 'IN_FLIGHT', %s)", (row["id"], str(row["id"]),
+                                                             row["due_at"]))
+    bulk_insert(conn, 200)
+    engine = make_engine(gateway_rate_limit=50, lease_seconds=300)
+    assert engine.sweeper.settings.claim_ahead == 100
+    counts = engine.sweeper.run_once()
+    assert counts.claimed == 30
+    assert counts.paced  # stopped by the bound: it looks again soon, not after an interval
+    assert engine.sweeper.wait_after(counts) < engine.sweeper.interval_seconds
+
+
+def test_a_drained_schedule_waits_the_whole_interval(make_engine, conn):
+    insert_payment(conn)
+    engine = make_engine()
+    counts = engine.sweeper.run_once()
+    assert counts.claimed == 1 and not counts.paced
+    assert engine.sweeper.wait_after(counts) == engine.sweeper.interval_seconds
+
+
+def test_claims_are_shared_across_payers_oldest_first_within_each(make_engine, conn):
+    """One payer's 50 older payments beside another's 5 newer ones: a batch of
+    10 takes 5 of each, alternating, each payer's oldest first, where a FIFO
+    would have taken the first payer's 10 oldest."""
+    base = datetime.now(UTC) - timedelta(minutes=10)
+    big = [insert_payment(conn, payer="big", due_at=base + timedelta(seconds=i))
+           for i in range(50)]
+    small = [insert_payment(conn, payer="small", due_at=base + timedelta(minutes=5, seconds=i))
+             for i in range(5)]
+    engine = make_engine(claim_batch=10, message_group_size=10, gateway_timeout_seconds=1)
+    engine.sweeper.settings = dataclasses.replace(engine.sweeper.settings, claim_ahead=10)
+    [(claims, _)] = engine.sweep()
+    order = [c.payment_id for c in claims]
+    expected = [p["id"] for pair in zip(big[:5], small, strict=True) for p in pair]
+    assert order == expected
 
 
 def test_an_open_breaker_claims_nothing_and_workers_release(make_engine, conn, gateway):
