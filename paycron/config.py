@@ -91,6 +91,9 @@ class Config:
     webhook_backoff_max_seconds: float = 600.0
     #: Scheduler and worker processes serve their counters here (see paycron.metrics).
     metrics_port: int | None = None
+    #: Where every process on the host writes its counters (prometheus_client's
+    #: multiprocess mode); the web's /metrics then serves them all.
+    prometheus_multiproc_dir: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -173,6 +176,7 @@ class Config:
                                       d.api_key_cache_seconds),
             redis_namespace=get("REDIS_NAMESPACE", str, d.redis_namespace),
             metrics_port=get("METRICS_PORT", int, d.metrics_port),
+            prometheus_multiproc_dir=env.get("PROMETHEUS_MULTIPROC_DIR") or None,
             webhook_allow_private_hosts=get("WEBHOOK_ALLOW_PRIVATE_HOSTS", _flag,
                                             d.webhook_allow_private_hosts),
             circuit_window_seconds=get("CIRCUIT_WINDOW_SECONDS", int, d.circuit_window_seconds),
