@@ -1,14 +1,13 @@
-"""Reading requests (bodies, path ids), the same way for every endpoint."""
+"""Reading request bodies, the same way for every endpoint: through
+``web.api.Parser`` for ``@bp.arguments``, and through :func:`load` for the
+one body a view loads itself (the create: see ``web.payments``)."""
 
 from __future__ import annotations
 
-import uuid
-
 from flask import request
+from marshmallow import Schema, ValidationError
 
-from paycron.errors import NotFound
-from paycron.ids import parse_payment_id
-from web.problems import Problem
+from web.problems import Problem, refusal
 
 
 def json_object() -> dict:
@@ -23,9 +22,9 @@ def json_object() -> dict:
     return body
 
 
-def payment_id_or_404(text: str, message: str = "no such payment") -> uuid.UUID:
-    """The payment id in a URL; a malformed one is a 404 like an unknown one."""
-    payment_id = parse_payment_id(text)
-    if payment_id is None:
-        raise NotFound(message)
-    return payment_id
+def load(schema: Schema, body: dict):
+    """``schema.load(body)``, a refusal answered as ``@bp.arguments`` answers it."""
+    try:
+        return schema.load(body)
+    except ValidationError as exc:
+        raise refusal(exc.messages) from None
