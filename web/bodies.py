@@ -1,6 +1,6 @@
-"""Reading request bodies, the same way for every endpoint: through
+"""Reading requests, the same way for every endpoint: through
 ``web.api.Parser`` for ``@bp.arguments``, and through :func:`load` for the
-one body a view loads itself (the create: see ``web.payments``)."""
+inputs a view loads itself (the create's: see ``web.payments``)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,16 @@ def json_object() -> dict:
     return body
 
 
-def load(schema: Schema, body: dict):
-    """``schema.load(body)``, a refusal answered as ``@bp.arguments`` answers it."""
+def headers(schema: Schema) -> dict:
+    """The request's headers that ``schema`` names, as a mapping it can load
+    (werkzeug's ``Headers`` is not one)."""
+    names = (field.data_key or name for name, field in schema.load_fields.items())
+    return {name: request.headers[name] for name in names if name in request.headers}
+
+
+def load(schema: Schema, data: dict):
+    """``schema.load(data)``, a refusal answered as ``@bp.arguments`` answers it."""
     try:
-        return schema.load(body)
+        return schema.load(data)
     except ValidationError as exc:
         raise refusal(exc.messages) from None
