@@ -108,6 +108,9 @@ class Config:
     webhook_backoff_max_seconds: float = setting(600.0, parse_duration)
     #: Scheduler and worker processes serve their counters here (see paycron.metrics).
     metrics_port: int | None = setting(None, int)
+    #: Where every process on the host writes its counters (prometheus_client's
+    #: multiprocess mode); the web's /metrics then serves them all.
+    prometheus_multiproc_dir: str | None = setting(None, str)
 
     def __post_init__(self) -> None:
         if self.gateway_timeout_seconds > self.lease_seconds / 3:

@@ -30,11 +30,13 @@ def position_of(event: dict) -> Position:
 
 
 def read_feed(conn: Connection, *, payer: str, after: Position, limit: int) -> list[dict]:
-    """Up to ``limit`` of ``payer``'s events after ``after``, oldest first."""
-    return conn.execute(q("events_after"), {
+    """Up to ``limit`` of ``payer``'s events after ``after``, oldest first,
+    with their data as the payer may see it (:func:`public_data`)."""
+    rows = conn.execute(q("events_after"), {
         "payer": payer, "after_txid": str(after.txid), "after_id": after.event_id,
         "limit": limit,
     }).fetchall()
+    return [{**row, "data": public_data(row["data"])} for row in rows]
 
 
 #: What payers see as ``data.by``: someone on our side acted (an operator at
@@ -43,11 +45,17 @@ def read_feed(conn: Connection, *, payer: str, after: Position, limit: int) -> l
 OPERATOR = "operator"
 
 
-def to_wire(event: dict) -> dict:
-    """An event as clients see it, in the feed and in webhook bodies."""
-    data = event["data"]
+def public_data(data):
+    """An event's data as payers see it: who acted on our side becomes
+    OPERATOR (also in rows stored before this rule)."""
     if isinstance(data, dict) and "by" in data:
-        data = {**data, "by": OPERATOR}  # also rows stored before this rule
+        return {**data, "by": OPERATOR}
+    return data
+
+
+def to_wire(event: dict) -> dict:
+    """An event as a webhook body carries it (the feed's shape)."""
+    data = public_data(event["data"])
     return {
         "id": event["id"],
         "type": event["type"],

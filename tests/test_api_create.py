@@ -185,8 +185,10 @@ def test_a_255_character_key_is_accepted(client, alice):
     assert post(client, alice, body(), key="k" * 255).status_code == 201
 
 
-def test_non_json_is_415(client, alice, conn):
-    response = client.post(URL, data="amount=1", headers={**alice, "Idempotency-Key": "k",
+@pytest.mark.parametrize("key", [{"Idempotency-Key": "k"}, {}])
+def test_non_json_is_415_with_or_without_a_key(client, alice, conn, key):
+    # The body is read before the key is checked.
+    response = client.post(URL, data="amount=1", headers={**alice, **key,
                                                           "Content-Type": "text/plain"})
     assert response.status_code == 415
     assert response.get_json()["code"] == "UNSUPPORTED_MEDIA_TYPE"

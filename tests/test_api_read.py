@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import uuid
 from datetime import UTC, datetime
 
@@ -118,3 +119,32 @@ def test_bad_list_queries_are_400(client, alice, query, field):
 
 def test_list_requires_a_key(client):
     assert client.get(URL).status_code == 401
+
+
+def test_an_id_in_the_url_is_checked_after_the_key(client):
+    response = client.get(f"{URL}/not-a-uuid")
+    assert (response.status_code, response.get_json()["code"]) == (401, "UNAUTHENTICATED")
+
+
+def test_cursors_round_trip_every_position_and_refuse_the_rest():
+    """One Cursor field for both listings: what it writes, it reads back; what
+    it could not have written, it refuses with one message."""
+    from marshmallow import ValidationError
+
+    from paycron.events import Position
+    from web.events import FeedQuerySchema
+    from web.payments import ListQuerySchema
+
+    payments, feed = ListQuerySchema().fields["cursor"], FeedQuerySchema().fields["after"]
+    key = (datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC), new_payment_id(future()))
+    assert payments.decode(payments.encode(key)) == key
+    assert feed.decode(feed.encode(Position(2 ** 63 - 1, 7))) == Position(2 ** 63 - 1, 7)
+    # The feed's cursor is what clients stored since its first version: txid.id.
+    assert feed.encode(Position(12, 5)) == base64.urlsafe_b64encode(b"12.5").decode().rstrip("=")
+    for bad in (b"12", b"12.5.1", b"-1.5", b"1.x", str(2 ** 63).encode() + b".1", b"\xff.1"):
+        with pytest.raises(ValidationError, match="not a cursor this API returned"):
+            feed.decode(base64.urlsafe_b64encode(bad).decode())
+    for bad in (b"1", b"99999999999999999999.1", str(2 ** 62).encode() + b".1",  # year 146,000
+                b"1." + str(2 ** 128).encode()):
+        with pytest.raises(ValidationError, match="not a cursor this API returned"):
+            payments.decode(base64.urlsafe_b64encode(bad).decode())

@@ -95,3 +95,23 @@ def test_the_alert_list_covers_the_design_card(client):
                    "paycron_gateway_call_seconds_bucket", "paycron_reconciliation_mismatches",
                    "paycron_partitions_ahead_days"):
         assert metric in exprs
+
+
+def test_with_a_multiprocess_directory_the_scrape_is_that_directorys(config, client, tmp_path):
+    """PROMETHEUS_MULTIPROC_DIR comes through Config: with it set, /metrics
+    serves the counters the processes wrote there (none, in an empty one)
+    instead of this process's own; the scrape-time gauges stay."""
+    from paycron.config import Config
+    from web import create_app
+
+    assert Config.from_env({"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}).prometheus_multiproc_dir \
+        == str(tmp_path)
+    client.get("/healthz")
+    assert "paycron_http_requests_total" in scrape(client)
+    app = create_app(config.with_overrides(prometheus_multiproc_dir=str(tmp_path)))
+    try:
+        samples = scrape(app.test_client())
+    finally:
+        app.extensions["paycron.pool"].close()
+    assert "paycron_http_requests_total" not in samples
+    assert "paycron_database_up" in samples

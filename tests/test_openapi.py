@@ -1,14 +1,13 @@
-"""GET /openapi.json: a valid OpenAPI document, generated from the marshmallow
-schemas, covering every route; and an API that answers what it says, checked
-by schemathesis in process with every check it ships."""
+"""GET /openapi.json: a valid OpenAPI document, generated (flask-smorest) from
+the marshmallow schemas the routes load and dump with, covering every route;
+and an API that answers what it says, checked by schemathesis in process with
+every check it ships."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import re
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,14 +16,16 @@ from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyStrategyDefinition
 
+from paycron.events import Position
 from tests.factories import insert_payment
-from web.openapi import openapi_path
-from web.schemas import DUE_AT_PATTERN, CreatePaymentSchema, PaymentSchema
+from web.events import FeedQuerySchema
+from web.payments import DUE_AT_PATTERN, CreatePaymentSchema, ListQuerySchema
+from web.schemas import PaymentSchema
 
 URL = "/openapi.json"
 #: Served but deliberately not in the document: Prometheus text for the
 #: internal network (SPEC §4), the document itself, and Flask's static files.
-UNDOCUMENTED = {"metrics.metrics", "openapi.document", "static"}
+UNDOCUMENTED = {"metrics.metrics", "api-docs.openapi_json", "static"}
 #: Fixed, so a failure replays. The sizes keep the module near a minute; 80
 #: scenarios is about what the stateful checks need to see a create -> read
 #: -> cancel chain, and a peer replaying the read.
@@ -54,14 +55,19 @@ def test_the_document_is_valid_openapi_and_needs_no_key(client):
     schemathesis.openapi.from_dict(document).validate()  # raises when it is not OpenAPI
 
 
+def _openapi_path(rule: str) -> str:
+    """``/v1/x/<payment_id>`` -> ``/v1/x/{payment_id}``."""
+    return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
+
+
 def test_every_route_is_documented_and_nothing_else(app, client):
-    routed = {(openapi_path(rule.rule), method)
+    routed = {(_openapi_path(rule.rule), method)
               for rule in app.url_map.iter_rules() if rule.endpoint not in UNDOCUMENTED
               for method in rule.methods - {"HEAD", "OPTIONS"}}
     assert {("/healthz", "GET"), ("/readyz", "GET"), ("/v1/events", "GET")} <= routed
     documented = {(path, method.upper())
                   for path, item in client.get(URL).get_json()["paths"].items()
-                  for method in item}
+                  for method in item if method != "parameters"}  # the path's, not a method
     assert documented == routed
 
 
@@ -75,13 +81,26 @@ def test_the_schemas_come_from_marshmallow(client, config):
     assert set(schemas["CreatePayment"]["properties"]["currency"]["enum"]) >= {"USD", "EUR", None}
 
 
+def test_answers_require_every_property_they_always_have(client):
+    schemas = client.get(URL).get_json()["components"]["schemas"]
+    for name in ("Payment", "PaymentSummary", "PaymentPage", "Event", "EventPage", "Cancelled",
+                 "WebhookEndpoint", "CreatedWebhookEndpoint", "DeadLetterAction", "Readiness"):
+        assert set(schemas[name]["required"]) == set(schemas[name]["properties"]), name
+    assert "errors" not in schemas["Problem"]["required"]
+    assert set(schemas["Problem"]["required"]) == {"type", "title", "status", "code", "detail"}
+    assert "attempts" not in schemas["PaymentSummary"]["properties"]
+
+
 def test_v1_needs_the_bearer_key_and_every_error_is_a_problem(client):
     document = client.get(URL).get_json()
     assert document["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
     for path, item in document["paths"].items():
         for method, operation in item.items():
+            if method == "parameters":  # the path's own, not an operation
+                continue
             v1 = path.startswith("/v1/")
-            assert operation["security"] == ([{"bearerAuth": []}] if v1 else []), (path, method)
+            security = operation.get("security", document.get("security", []))
+            assert security == ([{"bearerAuth": []}] if v1 else []), (path, method)
             assert ("401" in operation["responses"]) is v1, (path, method)
             for status, response in operation["responses"].items():
                 if status >= "400" and path != "/readyz":  # readyz's 503 is its own body
@@ -109,25 +128,60 @@ def test_create_documents_its_key_money_time_and_answer(client, config):
     assert due_at["format"] == "date-time" and "offset" in due_at["description"]
 
 
+def test_the_limits_that_are_settings_are_checked_and_documented_alike(config, make_key):
+    """The create schema is built from the app's config: the one instance
+    that refuses an amount is the one the document describes."""
+    from web import create_app
+
+    app = create_app(config.with_overrides(max_amount_minor=5000, horizon_days=30,
+                                           default_currency="EUR"))
+    try:
+        client = app.test_client()
+        body = client.get(URL).get_json()["components"]["schemas"]["CreatePayment"]
+        amount, due_at = body["properties"]["amount"], body["properties"]["dueAt"]
+        assert amount["maximum"] == 5000 and amount["description"].endswith("At most 5000.")
+        assert "within 30 days" in due_at["description"]
+        assert body["properties"]["currency"]["description"].startswith("ISO 4217 code; EUR ")
+        headers = {"Authorization": f"Bearer {make_key('alice')}", "Idempotency-Key": "k"}
+        payment = {"payee": "acme", "dueAt": (datetime.now(UTC) + timedelta(days=1)).isoformat()}
+        refused = client.post("/v1/scheduled-payments", headers=headers,
+                              json={**payment, "amount": 5001})
+        assert refused.get_json()["errors"] == {"amount": ["amount must be at most 5000"]}
+        created = client.post("/v1/scheduled-payments", headers=headers,
+                              json={**payment, "amount": 5000})
+        assert (created.status_code, created.get_json()["currency"]) == (201, "EUR")
+    finally:
+        app.extensions["paycron.pool"].close()
+
+
+def test_a_create_links_to_the_operations_that_take_its_id(client):
+    document = client.get(URL).get_json()
+    operation_ids = {operation["operationId"] for item in document["paths"].values()
+                     for method, operation in item.items() if method != "parameters"}
+    for path, parameter, targets in (
+            ("/v1/scheduled-payments", "payment_id", {"payments_show", "payments_cancel"}),
+            ("/v1/webhook-endpoints", "endpoint_id", {"webhooks_delete"})):
+        links = document["paths"][path]["post"]["responses"]["201"]["links"]
+        assert set(links) == targets and targets <= operation_ids
+        for link in links.values():
+            assert link["parameters"] == {parameter: "$response.body#/id"}
+
+
 # -- The API answers what the document says (schemathesis) -------------------------
 #
 # Formats the document names that schemathesis cannot know: the cursors are
 # opaque, so any value the API could have returned is a valid one; a webhook
 # url is an http(s) URL (marshmallow's ``fields.Url``) of a public host.
 
-def _payment_cursor(when: datetime, payment_id: uuid.UUID) -> str:
-    raw = json.dumps([when.isoformat(), str(payment_id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _event_cursor(txid: int, event_id: int) -> str:
-    return base64.urlsafe_b64encode(f"{txid}.{event_id}".encode()).decode().rstrip("=")
-
+_payment_cursor = ListQuerySchema().fields["cursor"]
+_event_cursor = FeedQuerySchema().fields["after"]
 
 schemathesis.openapi.format("payment-cursor", st.builds(
-    _payment_cursor, st.datetimes(timezones=st.just(UTC)), st.uuids()))
+    lambda when, payment_id: _payment_cursor.encode((when, payment_id)),
+    st.datetimes(min_value=datetime(1970, 1, 1), timezones=st.just(UTC)), st.uuids()))
 schemathesis.openapi.format("event-cursor", st.builds(
-    _event_cursor, st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1)))
+    lambda txid, event_id: _event_cursor.encode(Position(txid, event_id)),
+    st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1)))
 schemathesis.openapi.format("url", st.builds(
     "{}://{}{}".format, st.sampled_from(["http", "https"]),
     # Public address literals: registering checks the host resolves to public

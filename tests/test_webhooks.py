@@ -17,7 +17,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from devtools.procs import free_port
-from paycron import webhooks
+from paycron import events, webhooks
 from paycron.config import Config
 from paycron.db import make_pool
 from paycron.errors import ConfigError
@@ -208,6 +208,22 @@ def test_delete_is_scoped_to_its_owner(client, alice, bob):
     assert client.delete(f"{URL}/{mine}", headers=alice).status_code == 204  # repeatable
     assert [e["id"] for e in client.get(URL, headers=alice).get_json()["data"]] == [kept]
     assert client.get(URL, headers=bob).get_json()["data"] == []
+
+
+def test_the_feed_shows_each_event_as_webhooks_post_it(client, alice, conn):
+    """The feed dumps events through its EventSchema, the relay posts
+    ``paycron.events.to_wire``: one wire shape, as the document says."""
+    ids = [insert_event(conn, type=t) for t in ("payment.created", "payment.processing")]
+    feed: list[dict] = []
+
+    def read_both() -> bool:
+        feed[:] = client.get("/v1/events", headers=alice).get_json()["data"]
+        return len(feed) == 2
+
+    until(read_both)
+    rows = conn.execute("SELECT * FROM payment_events WHERE id = ANY(%s) ORDER BY id",
+                        (ids,)).fetchall()
+    assert feed == [events.to_wire(row) for row in rows]
 
 
 # -- the relay -----------------------------------------------------------------

@@ -13,7 +13,8 @@ from paycron.config import Config
 from paycron.db import make_pool, make_redis
 from paycron.gateway_client import build_gateway
 from paycron.observability import init_sentry
-from web import admin, events, health, metrics, openapi, payments, webhooks
+from web import admin, events, health, metrics, payments, webhooks
+from web.api import Api
 from web.problems import register_error_handlers
 from web.schemas import now_utc
 
@@ -38,10 +39,7 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     breaker = CircuitBreaker(app.extensions["paycron.redis"], config)
     register_error_handlers(app)
     metrics.install(app, breaker=breaker)
-    app.register_blueprint(health.bp)
-    app.register_blueprint(payments.bp)
-    app.register_blueprint(admin.bp)
-    app.register_blueprint(events.bp)
-    app.register_blueprint(webhooks.bp)
-    app.register_blueprint(openapi.bp)
+    api = Api(app)  # serves GET /openapi.json, generated from the blueprints' schemas
+    for blueprint in (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp):
+        api.register_blueprint(blueprint)
     return app

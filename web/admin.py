@@ -6,27 +6,34 @@ action is recorded with the operator's actor.
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, g, jsonify, request
-from marshmallow import RAISE, Schema, ValidationError, fields, validate
+from uuid import UUID
+
+from flask import current_app, g
+from marshmallow import RAISE, Schema, fields, validate
 
 from paycron import dead_letters
-from paycron.errors import ValidationFailed
+from paycron.ids import parse_payment_id
+from web.api import Blueprint
 from web.auth import require_admin
-from web.bodies import json_object, payment_id_or_404
-from web.schemas import NO_NUL, AttemptSchema, PaymentSchema, unicode_text
+from web.problems import NOT_JSON, TOO_LARGE, problem
+from web.schemas import NO_NUL, Answer, PathId, PaymentSchema, unicode_text
 
-bp = Blueprint("admin", __name__, url_prefix="/v1/admin/dead-letters")
+bp = Blueprint("admin", __name__, url_prefix="/v1/admin/dead-letters",
+               description="Dead letters: list, show, re-drive, refund, dismiss (admin).")
 
 
-class DeadLetterSchema(Schema):
-    payment_id = fields.UUID(data_key="paymentId")
-    reason = fields.String()
-    last_error = fields.String(data_key="lastError", allow_none=True)
-    created_at = fields.AwareDateTime(data_key="createdAt")
-    resolution = fields.String(allow_none=True)
-    resolved_by = fields.String(data_key="resolvedBy", allow_none=True)
-    resolved_at = fields.AwareDateTime(data_key="resolvedAt", allow_none=True)
-    note = fields.String(allow_none=True)
+class LetterPath(Schema):
+    payment_id = PathId(parse_payment_id, "no dead letter for this payment", metadata={
+        "description": "The id of a payment that was parked (UUIDv7)."})
+
+
+class DeadLetterQuery(Schema):
+    class Meta:
+        unknown = RAISE
+
+    limit = fields.Integer(load_default=100, validate=validate.Range(
+        min=1, max=1000, error="an integer from 1 to 1000"), error_messages={
+        "invalid": "an integer from 1 to 1000"})
 
 
 class DismissSchema(Schema):
@@ -38,16 +45,36 @@ class DismissSchema(Schema):
         validate.Regexp(NO_NUL, error="note must not contain U+0000")])
 
 
+class DeadLetterSchema(Answer):
+    class Meta:
+        # The open list leaves out what an open letter cannot have yet.
+        optional = ("resolution", "resolved_by", "resolved_at", "note")
+
+    payment_id = fields.UUID(data_key="paymentId")
+    reason = fields.String()
+    last_error = fields.String(data_key="lastError", allow_none=True)
+    created_at = fields.AwareDateTime(data_key="createdAt")
+    resolution = fields.String(allow_none=True)
+    resolved_by = fields.String(data_key="resolvedBy", allow_none=True)
+    resolved_at = fields.AwareDateTime(data_key="resolvedAt", allow_none=True)
+    note = fields.String(allow_none=True)
 
 
-def _letter_id(text: str):
-    return payment_id_or_404(text, "no dead letter for this payment")
+class DeadLetterPageSchema(Answer):
+    data = fields.List(fields.Nested(DeadLetterSchema))
 
 
-_letters = DeadLetterSchema(many=True)
-_payment = PaymentSchema()
-_attempts = AttemptSchema(many=True)
-_dismiss = DismissSchema()
+class DeadLetterDetailSchema(Answer):
+    payment = fields.Nested(PaymentSchema)
+    dead_letters = fields.List(fields.Nested(DeadLetterSchema), data_key="deadLetters")
+
+
+class DeadLetterActionSchema(Answer):
+    """The answer of redrive, refund and dismiss."""
+
+    payment_id = fields.UUID(data_key="paymentId")
+    action = fields.String(metadata={"enum": ["completed", "redriven", "refunded", "dismissed"]})
+    detail = fields.String()
 
 
 def _pool():
@@ -56,53 +83,70 @@ def _pool():
 
 @bp.get("")
 @require_admin
-def index():
-    limit = request.args.get("limit", "100")
-    if not limit.isdigit() or not 1 <= int(limit) <= 1000:
-        raise ValidationFailed({"limit": ["an integer from 1 to 1000"]})
+@bp.arguments(DeadLetterQuery(), location="query", as_kwargs=True)
+@bp.response(200, DeadLetterPageSchema, description="Open dead letters.")
+@bp.alt_response(400, **problem("A bad limit."))
+def index(limit: int):
+    """Open dead letters (admin)."""
     with _pool().connection() as conn:
-        rows = dead_letters.list_open(conn, limit=int(limit))
-    return jsonify({"data": _letters.dump(rows)})
+        return {"data": dead_letters.list_open(conn, limit=limit)}
 
 
 @bp.get("/<payment_id>")
 @require_admin
-def show(payment_id: str):
+@bp.path(LetterPath())
+@bp.response(200, DeadLetterDetailSchema,
+             description="The payment and every dead letter it had.")
+def show(payment_id: UUID):
+    """A parked payment and its dead letters (admin)."""
     with _pool().connection() as conn:
-        found = dead_letters.show(conn, _letter_id(payment_id))
-    return jsonify({"payment": _payment.dump(found["payment"]),
-                    "deadLetters": _letters.dump(found["dead_letters"])})
+        return dead_letters.show(conn, payment_id)
 
 
-def _action(action, payment_id: str, **kwargs):
-    gateway = current_app.extensions["paycron.gateway"]
-    with _pool().connection() as conn:
-        result = action(conn, gateway, _letter_id(payment_id), actor=g.principal.actor,
-                        **kwargs)
-    return jsonify({"paymentId": str(result.payment_id), "action": result.action,
-                    "detail": result.detail})
+_GATEWAY_UNAVAILABLE = problem("The gateway could not be asked (GATEWAY_UNAVAILABLE).")
 
 
 @bp.post("/<payment_id>/redrive")
 @require_admin
-def redrive(payment_id: str):
-    return _action(dead_letters.redrive, payment_id)
+@bp.path(LetterPath())
+@bp.response(200, DeadLetterActionSchema, description="What was done.")
+@bp.alt_response(409, **problem("Resolved already, or not re-drivable "
+                                "(DEAD_LETTER_ACTION_REFUSED)."))
+@bp.alt_response(502, **_GATEWAY_UNAVAILABLE)
+def redrive(payment_id: UUID):
+    """Re-drive a parked payment (admin).
+
+    Completes it if the gateway holds the charge, else puts it back to PENDING
+    with a fresh budget."""
+    with _pool().connection() as conn:
+        return dead_letters.redrive(conn, current_app.extensions["paycron.gateway"], payment_id,
+                                    actor=g.principal.actor)
 
 
 @bp.post("/<payment_id>/refund")
 @require_admin
-def refund(payment_id: str):
-    return _action(dead_letters.refund, payment_id)
+@bp.path(LetterPath())
+@bp.response(200, DeadLetterActionSchema, description="What was done.")
+@bp.alt_response(409, **problem("Resolved already, or the gateway holds no charge "
+                                "(DEAD_LETTER_ACTION_REFUSED)."))
+@bp.alt_response(502, **_GATEWAY_UNAVAILABLE)
+def refund(payment_id: UUID):
+    """Refund the charge the gateway holds and close the dead letter (admin)."""
+    with _pool().connection() as conn:
+        return dead_letters.refund(conn, current_app.extensions["paycron.gateway"], payment_id,
+                                   actor=g.principal.actor)
 
 
 @bp.post("/<payment_id>/dismiss")
 @require_admin
-def dismiss(payment_id: str):
-    # The body is optional; when there is one it must be a JSON object.
-    raw = json_object() if request.get_data() else {}
-    try:
-        body = _dismiss.load(raw)
-    except ValidationError as exc:
-        raise ValidationFailed(exc.normalized_messages()) from None
-    return _action(lambda conn, _gateway, pid, **kw: dead_letters.dismiss(conn, pid, **kw),
-                   payment_id, note=body["note"])
+@bp.path(LetterPath())
+@bp.arguments(DismissSchema(), required=False, as_kwargs=True)
+@bp.response(200, DeadLetterActionSchema, description="What was done.")
+@bp.alt_response(400, **problem("An invalid body."))
+@bp.alt_response(409, **problem("Resolved already (DEAD_LETTER_ACTION_REFUSED)."))
+@bp.alt_response(413, **TOO_LARGE)
+@bp.alt_response(415, **NOT_JSON)
+def dismiss(payment_id: UUID, note: str | None):
+    """Close the dead letter without action, with an optional note (admin)."""
+    with _pool().connection() as conn:
+        return dead_letters.dismiss(conn, payment_id, actor=g.principal.actor, note=note)

@@ -1,4 +1,8 @@
-"""Bearer-key authentication: the key's actor is the payer."""
+"""Bearer-key authentication: the key's actor is the payer.
+
+Each decorator documents what it enforces (the security requirement and the
+401), so no route can require a key without the document saying so.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,19 @@ from functools import wraps
 from flask import current_app, g, request
 
 from paycron.apikeys import Principal
-from web.problems import Problem
+from web.api import BEARER, Blueprint
+from web.problems import PROBLEM_JSON, Problem, ProblemSchema
+
+_UNAUTHENTICATED = {
+    "description": "No bearer key, or an unknown or revoked one (UNAUTHENTICATED).",
+    "headers": {"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
+    "content": {PROBLEM_JSON: {"schema": ProblemSchema}},
+}
+_NOT_ADMIN = {
+    "description": "Not found. A non-admin key gets 404 on every admin endpoint, "
+                   "as if it did not exist.",
+    "content": {PROBLEM_JSON: {"schema": ProblemSchema}},
+}
 
 
 def _principal() -> Principal:
@@ -23,14 +39,15 @@ def _principal() -> Principal:
 
 
 def require_key(view):
-    """Views under it see ``g.principal``."""
+    """Views under it see ``g.principal``. Place it above ``@bp.arguments``,
+    so a request without a key is a 401 whatever else is wrong with it."""
 
     @wraps(view)
     def wrapper(*args, **kwargs):
         g.principal = _principal()
         return view(*args, **kwargs)
 
-    return wrapper
+    return Blueprint.doc(security=[{BEARER: []}], responses={401: _UNAUTHENTICATED})(wrapper)
 
 
 def require_admin(view):
@@ -43,4 +60,5 @@ def require_admin(view):
             raise Problem(404, "NOT_FOUND", "not found")
         return view(*args, **kwargs)
 
-    return wrapper
+    return Blueprint.doc(security=[{BEARER: []}],
+                         responses={401: _UNAUTHENTICATED, 404: _NOT_ADMIN})(wrapper)

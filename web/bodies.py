@@ -1,14 +1,13 @@
-"""Reading requests (bodies, path ids), the same way for every endpoint."""
+"""Reading requests, the same way for every endpoint: through
+``web.api.Parser`` for ``@bp.arguments``, and through :func:`load` for the
+inputs a view loads itself (the create's: see ``web.payments``)."""
 
 from __future__ import annotations
 
-import uuid
-
 from flask import request
+from marshmallow import Schema, ValidationError
 
-from paycron.errors import NotFound
-from paycron.ids import parse_payment_id
-from web.problems import Problem
+from web.problems import Problem, refusal
 
 
 def json_object() -> dict:
@@ -23,9 +22,16 @@ def json_object() -> dict:
     return body
 
 
-def payment_id_or_404(text: str, message: str = "no such payment") -> uuid.UUID:
-    """The payment id in a URL; a malformed one is a 404 like an unknown one."""
-    payment_id = parse_payment_id(text)
-    if payment_id is None:
-        raise NotFound(message)
-    return payment_id
+def headers(schema: Schema) -> dict:
+    """The request's headers that ``schema`` names, as a mapping it can load
+    (werkzeug's ``Headers`` is not one)."""
+    names = (field.data_key or name for name, field in schema.load_fields.items())
+    return {name: request.headers[name] for name in names if name in request.headers}
+
+
+def load(schema: Schema, data: dict):
+    """``schema.load(data)``, a refusal answered as ``@bp.arguments`` answers it."""
+    try:
+        return schema.load(data)
+    except ValidationError as exc:
+        raise refusal(exc.messages) from None

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify
+from flask import current_app
+from marshmallow import fields
 
-bp = Blueprint("health", __name__)
+from web.api import Blueprint
+from web.schemas import Answer
+
+bp = Blueprint("health", __name__, description="Unauthenticated probes.")
+
+
+class HealthSchema(Answer):
+    status = fields.String(metadata={"enum": ["ok"]})
+
+
+class ReadinessSchema(Answer):
+    status = fields.String(metadata={"enum": ["ready", "unavailable"]})
+    checks = fields.Dict(keys=fields.String(metadata={"enum": ["postgres", "redis"]}),
+                         values=fields.String(metadata={"enum": ["ok", "down"]}))
 
 
 @bp.get("/healthz")
+@bp.response(200, HealthSchema, description="Up.")
 def healthz():
-    return jsonify({"status": "ok"})
+    """Liveness: the process is up."""
+    return {"status": "ok"}
 
 
 def _postgres_ok() -> bool:
@@ -29,9 +45,13 @@ def _redis_ok() -> bool:
 
 
 @bp.get("/readyz")
+@bp.response(200, ReadinessSchema, description="Ready.")
+@bp.alt_response(503, schema=ReadinessSchema,
+                 description="A dependency is down; checks says which.")
 def readyz():
+    """Readiness: Postgres and Redis are reachable."""
     checks = {"postgres": _postgres_ok(), "redis": _redis_ok()}
     ready = all(checks.values())
     body = {"status": "ready" if ready else "unavailable",
             "checks": {name: "ok" if ok else "down" for name, ok in checks.items()}}
-    return jsonify(body), 200 if ready else 503
+    return body, 200 if ready else 503

@@ -9,7 +9,6 @@ computed at scrape time by :class:`paycron.metrics.DatabaseCollector`.
 
 from __future__ import annotations
 
-import os
 import time
 
 from flask import Blueprint, Flask, Response, current_app, g, request
@@ -35,9 +34,10 @@ HTTP_LATENCY = Histogram("paycron_http_request_seconds", "API request latency", 
 
 
 def _process_registry():
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    directory = current_app.extensions["paycron.config"].prometheus_multiproc_dir
+    if directory:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry, path=directory)
         return registry
     return REGISTRY
 

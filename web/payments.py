@@ -5,165 +5,264 @@ The API never enqueues work: it writes rows, and the database is the schedule.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import uuid
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
 
-from flask import Blueprint, current_app, g, jsonify, request
-from marshmallow import ValidationError
+from flask import current_app, g
+from marshmallow import RAISE, Schema, ValidationError, fields, post_load, validate, validates
 
 from paycron import payments, transitions
-from paycron.enums import CancelOutcome
+from paycron.config import Config
+from paycron.enums import CancelOutcome, Status
 from paycron.errors import CancelRefused, NotFound, ValidationFailed
+from paycron.ids import parse_payment_id
+from paycron.money import ISO_4217
 from paycron.payments import NewPayment
+from web.api import Blueprint, document_schema, json_body, links
 from web.auth import require_key
-from web.bodies import json_object, payment_id_or_404
-from web.problems import Problem
+from web.bodies import headers, json_object, load
+from web.problems import (
+    IDEMPOTENCY_KEY_INVALID,
+    IDEMPOTENCY_KEY_MISSING,
+    NOT_JSON,
+    TOO_LARGE,
+    problem,
+)
 from web.schemas import (
-    CreatePaymentSchema,
-    ListQuerySchema,
-    PaymentPageSchema,
+    NO_NUL,
+    Answer,
+    Cursor,
+    MinorUnits,
+    PathId,
     PaymentSchema,
+    PaymentSummarySchema,
+    unicode_text,
 )
 
-bp = Blueprint("payments", __name__, url_prefix="/v1/scheduled-payments")
+bp = Blueprint("payments", __name__, url_prefix="/v1/scheduled-payments",
+               description="Scheduled payments: create, read, list, cancel.")
 
-_payment = PaymentSchema()
-_page = PaymentPageSchema()
-_list_query = ListQuerySchema()
-_MAX_KEY_LENGTH = 255
+#: dueAt as the API parses it: RFC 3339 with an explicit offset, upper-case
+#: ``T``/``Z`` and no leap second (``datetime.fromisoformat`` takes neither).
+DUE_AT_PATTERN = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-5][0-9](\.[0-9]+)?"
+                  r"(Z|[+-][0-9]{2}:[0-9]{2})$")
+#: The create body's name in the document, which describes the app's own instance.
+CREATE_PAYMENT = "CreatePayment"
+
+
+class CreatePaymentSchema(Schema):
+    """The create body, loaded into a :class:`NewPayment`. The limits that are
+    settings come from the config it is built with, so an app's schema both
+    checks them and states them in its document."""
+
+    class Meta:
+        unknown = RAISE  # mass assignment: payer, status, ... are not the client's
+
+    payee = fields.String(
+        required=True,
+        validate=[validate.Length(min=1, max=200), unicode_text,
+                  validate.Regexp(NO_NUL, error="payee must not contain U+0000")],
+        metadata={"description": "Who is paid."})
+    amount = MinorUnits(
+        required=True, validate=validate.Range(min=1, error="amount must be greater than 0"),
+        error_messages={"invalid": "amount must be an integer number of minor units"},
+        metadata={"description": (
+            "Integer minor units of the currency (cents for USD): a JSON integer, "
+            "not 25.0, not \"25\". At most {max_amount_minor}.")})
+    due_at = fields.AwareDateTime(
+        data_key="dueAt", required=True, format="iso",
+        metadata={"pattern": DUE_AT_PATTERN, "description": (
+            "When to charge: an RFC 3339 date-time with an explicit offset "
+            "(Z or ±hh:mm), in the future and within {horizon_days} days.")})
+    currency = fields.String(
+        load_default=None, validate=validate.OneOf(
+            sorted(ISO_4217), error="currency must be an ISO 4217 code, e.g. USD"),
+        metadata={"description": "ISO 4217 code; {default_currency} when absent or null."})
+
+    def __init__(self, config: Config, clock: Callable[[], datetime], **kwargs):
+        super().__init__(**kwargs)
+        self.config, self.clock = config, clock
+        amount = self.fields["amount"]
+        amount.validators = [*amount.validators, validate.Range(
+            max=config.max_amount_minor, error="amount must be at most {max}")]
+        for field in self.fields.values():
+            field.metadata = {**field.metadata, "description": field.metadata[
+                "description"].format(**vars(config))}
+
+    @validates("due_at")
+    def _due_window(self, value: datetime, data_key: str) -> None:
+        now = self.clock()
+        if value <= now:
+            raise ValidationError("dueAt must be in the future")
+        if value > now + timedelta(days=self.config.horizon_days):
+            raise ValidationError(f"dueAt must be within {self.config.horizon_days} days")
+
+    @post_load
+    def _new_payment(self, data: dict, **kwargs) -> NewPayment:
+        return NewPayment(payee=data["payee"], amount_minor=data["amount"],
+                          currency=data["currency"] or self.config.default_currency,
+                          due_at=data["due_at"].astimezone(UTC))
+
+
+class IdempotencyKeyHeader(Schema):
+    # Its messages are the ones web.problems answers with codes of their own.
+    idempotency_key = fields.String(
+        data_key="Idempotency-Key", required=True,
+        error_messages={"required": IDEMPOTENCY_KEY_MISSING},
+        validate=[validate.Length(min=1, error=IDEMPOTENCY_KEY_MISSING),
+                  validate.Length(max=255, error=IDEMPOTENCY_KEY_INVALID),
+                  validate.Regexp(r"^[\x20-\x7e]*$", error=IDEMPOTENCY_KEY_INVALID)],
+        metadata={"description": (
+            "1-255 printable ASCII characters. The same key and body again answers "
+            "the original payment (Idempotent-Replayed: true); another body, 409.")})
+
+
+_KEY_HEADER = IdempotencyKeyHeader()
+
+
+class PaymentPath(Schema):
+    payment_id = PathId(parse_payment_id, "no such payment", metadata={
+        "description": "A payment id (UUIDv7). Another payer's payment is 404, never 403."})
+
+
+class ListQuerySchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+    status = fields.String(validate=validate.OneOf([s.value for s in Status]))
+    limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
+    cursor = Cursor(datetime, UUID, metadata={
+        "format": "payment-cursor", "description": "Opaque: the nextCursor of the previous page."})
+
+
+class PaymentPageSchema(Answer):
+    data = fields.List(fields.Nested(PaymentSummarySchema))
+    next_cursor = Cursor(datetime, UUID, data_key="nextCursor", allow_none=True,
+                         metadata={"format": "payment-cursor"})
+
+
+class CancelledSchema(Answer):
+    id = fields.UUID()
+    status = fields.String(metadata={"enum": [Status.CANCELLED.value]})
+
+
+@bp.record_once
+def _build_create_schema(state) -> None:
+    # One schema per app, from its config and clock: building one per request
+    # costs as much as loading, and schemas keep no per-load state, so the
+    # gthread workers share it. The app's document describes this instance.
+    extensions = state.app.extensions
+    schema = CreatePaymentSchema(extensions["paycron.config"], extensions["paycron.clock"])
+    extensions["paycron.create_schema"] = document_schema(state.app, CREATE_PAYMENT, schema)
 
 
 def _pool():
     return current_app.extensions["paycron.pool"]
 
 
-def _config():
-    return current_app.extensions["paycron.config"]
-
-
-def _idempotency_key() -> str:
-    key = request.headers.get("Idempotency-Key")
-    if key is None or key == "":
-        raise Problem(400, "IDEMPOTENCY_KEY_MISSING", "the Idempotency-Key header is required")
-    if len(key) > _MAX_KEY_LENGTH or not key.isascii() or not key.isprintable():
-        raise Problem(400, "IDEMPOTENCY_KEY_INVALID",
-                      f"Idempotency-Key must be 1-{_MAX_KEY_LENGTH} printable ASCII characters")
-    return key
-
-
-@bp.record_once
-def _build_create_schema(state) -> None:
-    # One schema per app: building one per request costs as much as loading.
-    # Schemas keep no per-load state, so the gthread workers share it.
-    extensions = state.app.extensions
-    extensions["paycron.create_schema"] = CreatePaymentSchema(
-        extensions["paycron.config"], extensions["paycron.clock"])
-
-
-def _validated(body: dict) -> NewPayment:
-    try:
-        data = current_app.extensions["paycron.create_schema"].load(body)
-    except ValidationError as exc:
-        raise ValidationFailed(exc.normalized_messages()) from None
-    return NewPayment(
-        payee=data["payee"], amount_minor=data["amount"],
-        currency=data["currency"] or _config().default_currency,
-        due_at=data["due_at"].astimezone(UTC),
-    )
-
-
-def _created(payment: dict, replayed: bool):
-    response = jsonify(_payment.dump(payment))
-    response.status_code = 201
-    response.headers["Location"] = f"{bp.url_prefix}/{payment['id']}"
-    if replayed:
-        response.headers["Idempotent-Replayed"] = "true"
-    return response
+_CREATED_HEADERS = {
+    "Location": {"required": True, "description": "The created resource.",
+                 "schema": {"type": "string", "format": "uri-reference"}},
+    "Idempotent-Replayed": {"description": "Present (true) when this answers a replay.",
+                            "schema": {"type": "string", "enum": ["true"]}},
+}
 
 
 @bp.post("")
 @require_key
+@bp.doc(parameters=[{"in": "header", "schema": _KEY_HEADER}], requestBody=json_body(CREATE_PAYMENT),
+        responses={201: {"links": links("payment_id", "payments_show", "payments_cancel")}})
+@bp.response(201, PaymentSchema, headers=_CREATED_HEADERS, description=(
+    "Created, or the replay of an earlier create with this key and body."))
+@bp.alt_response(400, **problem("No or a bad Idempotency-Key, bad JSON, or an invalid body "
+                                "(VALIDATION_FAILED, messages per field in errors)."))
+@bp.alt_response(409, **problem("This Idempotency-Key was used with another body "
+                                "(IDEMPOTENCY_KEY_REUSED)."))
+@bp.alt_response(413, **TOO_LARGE)
+@bp.alt_response(415, **NOT_JSON)
 def create():
+    """Schedule a payment.
+
+    The same Idempotency-Key and body again answer the original payment, also
+    once its dueAt has passed.
+    ---
+    The create loads its inputs itself, in the order its rules need, with the
+    schemas ``@bp.doc`` documents (not ``@bp.arguments``): the body as JSON
+    (415/413/400), the key (400), then the body's schema. When that refuses,
+    the key is looked up first, so a replay is answered even when its body no
+    longer validates (its dueAt has passed since the first create). Valid
+    creates skip that round trip: the insert itself detects a used key (ON
+    CONFLICT). Loading the key here also costs a third of what webargs does
+    on this hot path.
+    """
     actor = g.principal.actor
     body = json_object()
-    key = _idempotency_key()
+    idempotency_key = load(_KEY_HEADER, headers(_KEY_HEADER))["idempotency_key"]
     body_hash = payments.request_hash(body)
     try:
-        new = _validated(body)
+        new = load(current_app.extensions["paycron.create_schema"], body)
     except ValidationFailed:
-        # A replay is answered even when its body no longer validates (its
-        # dueAt has passed since the first create): look the key up before
-        # refusing. Valid creates skip this round trip: the insert itself
-        # detects a used key.
         with _pool().connection() as conn:
-            replay = payments.find_replay(conn, actor, key, body_hash)
+            replay = payments.find_replay(conn, actor, idempotency_key, body_hash)
         if replay is None:
             raise
         return _created(replay, replayed=True)
     with _pool().connection() as conn:
         created = payments.create_payment(
-            conn, actor=actor, key=key, body_hash=body_hash, new=new,
-            smear_seconds=_config().smear_seconds,
+            conn, actor=actor, key=idempotency_key, body_hash=body_hash, new=new,
+            smear_seconds=current_app.extensions["paycron.config"].smear_seconds,
         )
     return _created(created.payment, created.replayed)
 
 
+def _created(payment: dict, replayed: bool):
+    headers = {"Location": f"{bp.url_prefix}/{payment['id']}"}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return payment, headers
+
+
 @bp.get("/<payment_id>")
 @require_key
-def show(payment_id: str):
+@bp.path(PaymentPath())
+@bp.response(200, PaymentSchema, description="The payment.")
+@bp.alt_response(404, **problem("No such payment, or another payer's."))
+def show(payment_id: UUID):
+    """One payment with its attempts, oldest first."""
     with _pool().connection() as conn:
-        row = payments.get_payment(conn, payment_id_or_404(payment_id), actor=g.principal.actor)
+        row = payments.get_payment(conn, payment_id, actor=g.principal.actor)
     if row is None:
         raise NotFound("no such payment")
-    return jsonify(_payment.dump(row))
+    return row
 
 
 @bp.delete("/<payment_id>")
 @require_key
-def cancel(payment_id: str):
-    pid = payment_id_or_404(payment_id)
+@bp.path(PaymentPath())
+@bp.response(200, CancelledSchema, description="Cancelled. The payment stays readable.")
+@bp.alt_response(404, **problem("No such payment, or another payer's."))
+@bp.alt_response(409, **problem("Too late: ALREADY_PROCESSING, ALREADY_COMPLETED, "
+                                "ALREADY_FAILED, or OUTCOME_IN_DOUBT."))
+def cancel(payment_id: UUID):
+    """Cancel a payment; cancelling a cancelled one is 200 again."""
     with _pool().connection() as conn:
-        outcome = transitions.cancel(conn, pid, actor=g.principal.actor)
+        outcome = transitions.cancel(conn, payment_id, actor=g.principal.actor)
     if outcome is CancelOutcome.NOT_FOUND:
         raise NotFound("no such payment")
     if outcome is not CancelOutcome.CANCELLED:
         raise CancelRefused(outcome)
-    return jsonify({"id": str(pid), "status": "CANCELLED"})
-
-
-def encode_cursor(key: tuple[datetime, uuid.UUID]) -> str:
-    raw = json.dumps([key[0].isoformat(), str(key[1])]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, payment_id = json.loads(raw)
-        when = datetime.fromisoformat(created_at)
-        if when.tzinfo is None:
-            raise ValueError("naive")
-        return when, uuid.UUID(payment_id)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise ValidationFailed({"cursor": ["not a cursor this API returned"]}) from None
+    return {"id": payment_id, "status": Status.CANCELLED.value}
 
 
 @bp.get("")
 @require_key
-def index():
-    try:
-        query = _list_query.load(request.args.to_dict())
-    except ValidationError as exc:
-        raise ValidationFailed(exc.normalized_messages()) from None
-    after = decode_cursor(query["cursor"]) if query["cursor"] else None
+@bp.arguments(ListQuerySchema(), location="query", as_kwargs=True)
+@bp.response(200, PaymentPageSchema, description="A page; nextCursor is null on the last one.")
+@bp.alt_response(400, **problem("A bad status, limit or cursor."))
+def index(limit: int, status: str | None = None, cursor: tuple | None = None):
+    """The caller's payments, newest first (keyset pagination)."""
     with _pool().connection() as conn:
         page, next_key = payments.list_payments(
-            conn, actor=g.principal.actor, status=query["status"], limit=query["limit"],
-            after=after,
-        )
-    return jsonify(_page.dump({
-        "data": page, "next_cursor": encode_cursor(next_key) if next_key else None,
-    }))
+            conn, actor=g.principal.actor, status=status, limit=limit, after=cursor)
+    return {"data": page, "next_cursor": next_key}

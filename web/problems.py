@@ -1,9 +1,12 @@
 """Errors as RFC 9457 problem details. HTTP status codes are decided here,
-in one place, from the domain's error codes."""
+in one place: from the domain's error codes, for what Flask refuses before a
+view runs, and for a request its schema refused (400, where webargs would
+answer 422)."""
 
 from __future__ import annotations
 
 from flask import Flask, jsonify
+from marshmallow import fields
 from werkzeug.exceptions import HTTPException
 
 from paycron.errors import (
@@ -15,6 +18,7 @@ from paycron.errors import (
     PaycronError,
     ValidationFailed,
 )
+from web.schemas import Answer
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -38,6 +42,30 @@ _HTTP_CODES = {
     503: "UNAVAILABLE",
 }
 
+#: The Idempotency-Key header's refusals, which have codes of their own
+#: rather than VALIDATION_FAILED: its schema (``web.payments``) says them.
+IDEMPOTENCY_KEY_MISSING = "the Idempotency-Key header is required"
+IDEMPOTENCY_KEY_INVALID = "Idempotency-Key must be 1-255 printable ASCII characters"
+_CODED_MESSAGES = {IDEMPOTENCY_KEY_MISSING: "IDEMPOTENCY_KEY_MISSING",
+                   IDEMPOTENCY_KEY_INVALID: "IDEMPOTENCY_KEY_INVALID"}
+
+
+class ProblemSchema(Answer):
+    """RFC 9457 problem details with a stable machine ``code``."""
+
+    class Meta:
+        optional = ("errors",)  # only VALIDATION_FAILED has per-field messages
+
+    type = fields.String()
+    title = fields.String()
+    status = fields.Integer()
+    code = fields.String()
+    detail = fields.String()
+    errors = fields.Dict(keys=fields.String(), values=fields.List(fields.String()))
+
+
+_problem = ProblemSchema()
+
 
 class Problem(Exception):
     """Raised by views for an HTTP-level refusal (auth, headers, media type)."""
@@ -45,6 +73,28 @@ class Problem(Exception):
     def __init__(self, status: int, code: str, detail: str, errors: dict | None = None):
         super().__init__(detail)
         self.status, self.code, self.detail, self.errors = status, code, detail, errors
+
+
+def refusal(messages: dict[str, list[str]]) -> Exception:
+    """The error for a request its schema refused, ``messages`` keyed by the
+    fields' wire names: 400 VALIDATION_FAILED with them, unless a message has
+    a code of its own."""
+    for field_messages in messages.values():
+        for message in field_messages:
+            if message in _CODED_MESSAGES:
+                return Problem(400, _CODED_MESSAGES[message], message)
+    return ValidationFailed(messages)
+
+
+def problem(description: str, **kwargs) -> dict:
+    """``@bp.alt_response(status, **problem("..."))``: a documented refusal."""
+    return {"schema": ProblemSchema, "content_type": PROBLEM_JSON, "description": description,
+            **kwargs}
+
+
+#: Refusals any route that reads a body documents.
+TOO_LARGE = problem("The body is larger than MAX_BODY_BYTES (BODY_TOO_LARGE).")
+NOT_JSON = problem("The body is not application/json (UNSUPPORTED_MEDIA_TYPE).")
 
 
 def problem_response(status: int, code: str, detail: str, errors: dict | None = None):
@@ -57,7 +107,7 @@ def problem_response(status: int, code: str, detail: str, errors: dict | None = 
     }
     if errors:
         body["errors"] = errors
-    response = jsonify(body)
+    response = jsonify(_problem.dump(body))
     response.status_code = status
     response.mimetype = PROBLEM_JSON
     if status == 401:
@@ -72,6 +122,17 @@ def status_for(error: PaycronError) -> int:
     return 500
 
 
+def http_problem(error: HTTPException):
+    """What werkzeug raised (404 no route, 405, 413, ...) as a problem."""
+    status = error.code or 500
+    response = problem_response(status, _HTTP_CODES.get(status, "HTTP_ERROR"),
+                                error.description)
+    valid_methods = getattr(error, "valid_methods", None)
+    if valid_methods:  # a 405 must say what is allowed (RFC 9110 §15.5.6)
+        response.headers["Allow"] = ", ".join(sorted(valid_methods))
+    return response
+
+
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Problem)
     def _problem(error: Problem):
@@ -82,15 +143,7 @@ def register_error_handlers(app: Flask) -> None:
         errors = error.messages if isinstance(error, ValidationFailed) else None
         return problem_response(status_for(error), error.code, str(error), errors)
 
-    @app.errorhandler(HTTPException)
-    def _http(error: HTTPException):
-        status = error.code or 500
-        response = problem_response(status, _HTTP_CODES.get(status, "HTTP_ERROR"),
-                                    error.description)
-        valid_methods = getattr(error, "valid_methods", None)
-        if valid_methods:  # a 405 must say what is allowed (RFC 9110 §15.5.6)
-            response.headers["Allow"] = ", ".join(sorted(valid_methods))
-        return response
+    app.register_error_handler(HTTPException, http_problem)
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception):

@@ -1,28 +1,27 @@
-"""Request and response schemas (marshmallow). Validation messages are
-per field; the create schema's time rules need the config and the clock,
-which the app passes to the constructor.
+"""The schemas and fields several routes share (marshmallow).
 
-``web/openapi.py`` generates the OpenAPI document from these schemas: a
-field's ``metadata`` says what its validators cannot (a description, an
-enum, a pattern), and the response-only schemas below exist to describe
-bodies that views build by hand."""
+Each route's own schemas live beside it; every one is used for real — to
+load what comes in or to dump what goes out — and the OpenAPI document is
+generated from those same objects (``web/api.py``). A field's ``metadata``
+says what its validators cannot (a description, an enum, a format).
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates
+from marshmallow import Schema, ValidationError, fields
 
-from paycron.config import Config
 from paycron.enums import FailureReason, Outcome, Status
-from paycron.money import ISO_4217, is_minor_units
+from paycron.errors import NotFound
+from paycron.money import is_minor_units
 
-#: dueAt as the API parses it: RFC 3339 with an explicit offset, upper-case
-#: ``T``/``Z`` and no leap second (``datetime.fromisoformat`` takes neither).
-DUE_AT_PATTERN = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-5][0-9](\.[0-9]+)?"
-                  r"(Z|[+-][0-9]{2}:[0-9]{2})$")
-#: Postgres text cannot hold U+0000: a payee containing it is refused here,
+#: Postgres text cannot hold U+0000: a string containing it is refused here,
 #: not by the database (which would be a 500).
 NO_NUL = r"^[^\u0000]*$"
 
@@ -38,9 +37,21 @@ def unicode_text(value: str) -> None:
             "must be valid Unicode text: no unpaired surrogate (U+D800 to U+DFFF)") from None
 
 
+class Answer(Schema):
+    """A response body. Every property is always there (null where empty), so
+    the document lists every one as required, except those ``Meta.optional``
+    names: ``required`` is what apispec reads, and dumping ignores it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        optional = getattr(self.Meta, "optional", ())
+        for name, field in self.fields.items():
+            field.required = name not in optional
+
+
 class MinorUnits(fields.Integer):
     """Money: a JSON integer only. marshmallow's Integer without ``strict``
-    truncates 25.5 to 25, and marshmallow 3 accepts ``true`` (bool is an int)."""
+    truncates 25.5 to 25, and marshmallow accepts ``true`` (bool is an int)."""
 
     def __init__(self, **kwargs):
         super().__init__(strict=True, **kwargs)
@@ -51,53 +62,87 @@ class MinorUnits(fields.Integer):
         return super()._validated(value)
 
 
-class CreatePaymentSchema(Schema):
-    class Meta:
-        unknown = RAISE  # mass assignment: payer, status, ... are not the client's
+class PathId(fields.UUID):
+    """A resource id in the URL. A malformed one is a 404 like an unknown one
+    (``NotFound``, not a validation error): to a client both are "no such
+    thing", and the route answers after authentication either way."""
 
-    payee = fields.String(
-        required=True,
-        validate=[validate.Length(min=1, max=200), unicode_text,
-                  validate.Regexp(NO_NUL, error="payee must not contain U+0000")],
-        metadata={"description": "Who is paid."})
-    amount = MinorUnits(
-        required=True,
-        error_messages={"invalid": "amount must be an integer number of minor units"},
-        metadata={"minimum": 1, "description": (
-            "Integer minor units of the currency (cents for USD): a JSON integer, "
-            "not 25.0, not \"25\". At most MAX_AMOUNT_MINOR.")})
-    due_at = fields.AwareDateTime(
-        data_key="dueAt", required=True, format="iso",
-        metadata={"pattern": DUE_AT_PATTERN, "description": (
-            "When to charge: an RFC 3339 date-time with an explicit offset "
-            "(Z or ±hh:mm), in the future and within HORIZON_DAYS.")})
-    currency = fields.String(
-        load_default=None, validate=validate.OneOf(
-            sorted(ISO_4217), error="currency must be an ISO 4217 code, e.g. USD"),
-        metadata={"description": "ISO 4217 code; DEFAULT_CURRENCY when absent or null."})
+    def __init__(self, parse: Callable[[str], uuid.UUID | None], not_found: str, **kwargs):
+        super().__init__(required=True, **kwargs)
+        self.parse, self.not_found = parse, not_found
 
-    def __init__(self, config: Config, clock: Callable[[], datetime], **kwargs):
+    def _deserialize(self, value, attr, data, **kwargs) -> uuid.UUID:
+        parsed = self.parse(value) if isinstance(value, str) else None
+        if parsed is None:
+            raise NotFound(self.not_found)
+        return parsed
+
+
+def parse_uuid(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+#: How a cursor writes each kind of part as an unsigned integer, reads it
+#: back, and the bound it stays below (bigint ids, UUIDs, timestamps in µs).
+_PARTS: dict[type, tuple[Callable[[Any], int], Callable[[int], Any], int]] = {
+    int: (int, int, 2 ** 63),
+    uuid.UUID: (lambda value: value.int, lambda n: uuid.UUID(int=n), 2 ** 128),
+    datetime: (lambda value: (value - _EPOCH) // _MICROSECOND,
+               lambda n: _EPOCH + n * _MICROSECOND, 2 ** 63),
+}
+
+
+class Cursor(fields.String):
+    """An opaque position in a listing, as the API hands it out and takes it back.
+
+    On the wire, base64url (unpadded) of the position's ``parts`` as unsigned
+    decimal integers joined by ``.`` (the events feed's ``txid.id`` since its
+    first version). Loads to ``into(*parts)`` (a tuple by default); an empty
+    string is no position, which a listing takes as its start. Anything this
+    API could not have written is refused with one message.
+    """
+
+    default_error_messages = {"invalid": "not a cursor this API returned"}
+
+    def __init__(self, *parts: type, into: Callable[..., Any] = lambda *values: values,
+                 **kwargs):
         super().__init__(**kwargs)
-        self.config = config
-        self.clock = clock
+        self.parts, self.into = [_PARTS[part] for part in parts], into
 
-    @validates("amount")
-    def _amount_range(self, value: int, data_key: str) -> None:
-        if value <= 0:
-            raise ValidationError("amount must be greater than 0")
-        if value > self.config.max_amount_minor:
-            raise ValidationError(f"amount must be at most {self.config.max_amount_minor}")
+    def encode(self, position) -> str:
+        text = ".".join(str(write(value)) for (write, _, _), value in zip(self.parts, position,
+                                                                          strict=True))
+        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
-    @validates("due_at")
-    def _due_window(self, value: datetime, data_key: str) -> None:
-        now = self.clock()
-        if value <= now:
-            raise ValidationError("dueAt must be in the future")
-        if value > now + timedelta(days=self.config.horizon_days):
-            raise ValidationError(f"dueAt must be within {self.config.horizon_days} days")
+    def decode(self, cursor: str):
+        try:
+            text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+            numbers = text.split(".")
+            if len(numbers) != len(self.parts) or not all(n.isdigit() for n in numbers):
+                raise ValueError("not unsigned integers")
+            values = []
+            for (_, read, bound), number in zip(self.parts, map(int, numbers), strict=True):
+                if number >= bound:
+                    raise ValueError("out of range")
+                values.append(read(number))
+            return self.into(*values)
+        except (ValueError, binascii.Error, UnicodeDecodeError, OverflowError):
+            raise self.make_error("invalid") from None
+
+    def _serialize(self, value, attr, obj, **kwargs) -> str | None:
+        return None if value is None else self.encode(value)
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        text = super()._deserialize(value, attr, data, **kwargs)
+        return self.decode(text) if text else None
 
 
-class AttemptSchema(Schema):
+class AttemptSchema(Answer):
     attempt = fields.Integer()
     started_at = fields.AwareDateTime(data_key="startedAt")
     finished_at = fields.AwareDateTime(data_key="finishedAt", allow_none=True)
@@ -106,7 +151,7 @@ class AttemptSchema(Schema):
     gateway_ref = fields.String(data_key="gatewayRef", allow_none=True)
 
 
-class PaymentSchema(Schema):
+class PaymentSchema(Answer):
     id = fields.UUID()
     payer = fields.String()
     payee = fields.String()
@@ -133,92 +178,11 @@ class PaymentSchema(Schema):
         return row["run_at"].astimezone(UTC).isoformat()
 
 
-class PaymentPageSchema(Schema):
-    data = fields.List(fields.Nested(PaymentSchema(exclude=("attempts",))))
-    next_cursor = fields.String(data_key="nextCursor", allow_none=True)
+class PaymentSummarySchema(PaymentSchema):
+    """A payment in a listing: without its attempts."""
 
-
-class ListQuerySchema(Schema):
     class Meta:
-        unknown = RAISE
-
-    status = fields.String(
-        load_default=None, validate=validate.OneOf([s.value for s in Status])
-    )
-    limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
-    cursor = fields.String(load_default=None, metadata={
-        "format": "payment-cursor",
-        "description": "Opaque: the nextCursor of the previous page."})
-
-
-class ProblemSchema(Schema):
-    """RFC 9457 problem details with a stable machine ``code``."""
-
-    type = fields.String()
-    title = fields.String()
-    status = fields.Integer()
-    code = fields.String()
-    detail = fields.String()
-    errors = fields.Dict(keys=fields.String(), values=fields.List(fields.String()))
-
-
-class CancelledSchema(Schema):
-    """DELETE /v1/scheduled-payments/{id}."""
-
-    id = fields.UUID()
-    status = fields.String(metadata={"enum": [Status.CANCELLED.value]})
-
-
-class EventSchema(Schema):
-    """One entry of /v1/events (``paycron.events.to_wire``); webhooks POST the same."""
-
-    id = fields.Integer()
-    type = fields.String(metadata={"description": "payment.created, payment.completed, ..."})
-    payment_id = fields.UUID(data_key="paymentId")
-    status = fields.String(metadata={"enum": [s.value for s in Status]})
-    attempt = fields.Integer()
-    data = fields.Dict(keys=fields.String())
-    created_at = fields.AwareDateTime(data_key="createdAt")
-
-
-class EventPageSchema(Schema):
-    data = fields.List(fields.Nested(EventSchema))
-    next_cursor = fields.String(data_key="nextCursor", metadata={
-        "format": "event-cursor",
-        "description": "Always present: pass it as after to poll for newer events."})
-
-
-class WebhookEndpointSchema(Schema):
-    id = fields.UUID()
-    url = fields.Url()
-    created_at = fields.AwareDateTime(data_key="createdAt")
-
-
-class CreatedWebhookEndpointSchema(WebhookEndpointSchema):
-    secret = fields.String(metadata={
-        "description": "The HMAC-SHA256 signing key. Shown in this answer only."})
-
-
-class WebhookEndpointPageSchema(Schema):
-    data = fields.List(fields.Nested(WebhookEndpointSchema))
-
-
-class DeadLetterActionSchema(Schema):
-    """The answer of redrive, refund and dismiss."""
-
-    payment_id = fields.UUID(data_key="paymentId")
-    action = fields.String(metadata={"enum": ["completed", "redriven", "refunded", "dismissed"]})
-    detail = fields.String()
-
-
-class HealthSchema(Schema):
-    status = fields.String(metadata={"enum": ["ok"]})
-
-
-class ReadinessSchema(Schema):
-    status = fields.String(metadata={"enum": ["ready", "unavailable"]})
-    checks = fields.Dict(keys=fields.String(metadata={"enum": ["postgres", "redis"]}),
-                         values=fields.String(metadata={"enum": ["ok", "down"]}))
+        exclude = ("attempts",)
 
 
 def now_utc() -> datetime:

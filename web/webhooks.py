@@ -6,18 +6,20 @@ Delivery is the scheduler's relay (``scheduler/relay.py``), not this process.
 
 from __future__ import annotations
 
-import uuid
+from uuid import UUID
 
-from flask import Blueprint, current_app, g, jsonify
-from marshmallow import RAISE, Schema, ValidationError, fields, validate
+from flask import current_app, g
+from marshmallow import RAISE, Schema, fields, validate
 
 from paycron import webhooks
 from paycron.errors import NotFound, ValidationFailed
+from web.api import Blueprint, links
 from web.auth import require_key
-from web.bodies import json_object
-from web.schemas import unicode_text
+from web.problems import NOT_JSON, TOO_LARGE, problem
+from web.schemas import Answer, PathId, parse_uuid, unicode_text
 
-bp = Blueprint("webhooks", __name__, url_prefix="/v1/webhook-endpoints")
+bp = Blueprint("webhooks", __name__, url_prefix="/v1/webhook-endpoints",
+               description="Where the caller's events are POSTed, signed.")
 
 #: Long enough for any real receiver, short enough to keep rows and logs sane.
 MAX_URL_LENGTH = 2048
@@ -32,53 +34,72 @@ class CreateEndpointSchema(Schema):
                      validate=[validate.Length(max=MAX_URL_LENGTH), unicode_text])
 
 
-_create = CreateEndpointSchema()
+class EndpointPath(Schema):
+    endpoint_id = PathId(parse_uuid, "no such webhook endpoint")
+
+
+class WebhookEndpointSchema(Answer):
+    id = fields.UUID()
+    url = fields.Url()
+    created_at = fields.AwareDateTime(data_key="createdAt")
+
+
+class CreatedWebhookEndpointSchema(WebhookEndpointSchema):
+    class Meta:
+        fields = ("id", "url", "secret", "created_at")
+
+    secret = fields.String(metadata={
+        "description": "The HMAC-SHA256 signing key. Shown in this answer only."})
+
+
+class WebhookEndpointPageSchema(Answer):
+    data = fields.List(fields.Nested(WebhookEndpointSchema))
 
 
 def _pool():
     return current_app.extensions["paycron.pool"]
 
 
-def _endpoint(row: dict) -> dict:
-    return {"id": str(row["id"]), "url": row["url"], "createdAt": row["created_at"].isoformat()}
-
-
 @bp.post("")
 @require_key
-def create():
-    try:
-        data = _create.load(json_object())
-    except ValidationError as exc:
-        raise ValidationFailed(exc.normalized_messages()) from None
+@bp.arguments(CreateEndpointSchema(), as_kwargs=True)
+@bp.response(201, CreatedWebhookEndpointSchema, description=(
+    "Registered; the secret is shown this once."), headers={"Location": {
+        "required": True, "description": "The created resource.",
+        "schema": {"type": "string", "format": "uri-reference"}}})
+@bp.doc(responses={201: {"links": links("endpoint_id", "webhooks_delete")}})
+@bp.alt_response(400, **problem("Bad JSON, an invalid url, or one whose host does not "
+                                "resolve to public addresses only."))
+@bp.alt_response(413, **TOO_LARGE)
+@bp.alt_response(415, **NOT_JSON)
+def create(url: str):
+    """Register a URL the caller's events are POSTed to, signed."""
     if not current_app.extensions["paycron.config"].webhook_allow_private_hosts:
-        reason = webhooks.forbidden_destination(data["url"])
+        reason = webhooks.forbidden_destination(url)
         if reason:
             raise ValidationFailed({"url": [f"not a public destination: {reason}"]})
     with _pool().connection() as conn:
-        row = webhooks.create_endpoint(conn, actor=g.principal.actor, url=data["url"])
-    response = jsonify({"id": str(row["id"]), "url": row["url"], "secret": row["secret"],
-                        "createdAt": row["created_at"].isoformat()})
-    response.status_code = 201
-    response.headers["Location"] = f"{bp.url_prefix}/{row['id']}"
-    return response
+        row = webhooks.create_endpoint(conn, actor=g.principal.actor, url=url)
+    return row, {"Location": f"{bp.url_prefix}/{row['id']}"}
 
 
 @bp.get("")
 @require_key
+@bp.response(200, WebhookEndpointPageSchema, description="Every endpoint (without secrets).")
 def index():
+    """The caller's webhook endpoints."""
     with _pool().connection() as conn:
-        rows = webhooks.list_endpoints(conn, actor=g.principal.actor)
-    return jsonify({"data": [_endpoint(r) for r in rows]})
+        return {"data": webhooks.list_endpoints(conn, actor=g.principal.actor)}
 
 
 @bp.delete("/<endpoint_id>")
 @require_key
-def delete(endpoint_id: str):
-    try:
-        eid = uuid.UUID(endpoint_id)
-    except ValueError:
-        raise NotFound("no such webhook endpoint") from None
+@bp.path(EndpointPath())
+@bp.response(204, description="Deleted.")
+@bp.alt_response(404, **problem("No such endpoint, or another payer's."))
+def delete(endpoint_id: UUID):
+    """Stop sending events to an endpoint."""
     with _pool().connection() as conn:
-        if not webhooks.delete_endpoint(conn, eid, actor=g.principal.actor):
+        if not webhooks.delete_endpoint(conn, endpoint_id, actor=g.principal.actor):
             raise NotFound("no such webhook endpoint")
-    return "", 204
+    return current_app.response_class(status=204)
