@@ -106,13 +106,25 @@ def show(payment_id: UUID):
 _GATEWAY_UNAVAILABLE = problem("The gateway could not be asked (GATEWAY_UNAVAILABLE).")
 
 
+def _gateway_action(refused: str):
+    """The contract of an action that asks the gateway first (re-drive,
+    refund): admin only, the letter's id in the path, what was done, or
+    409 ``refused``, or 502."""
+    stack = [require_admin, bp.path(LetterPath()),
+             bp.response(200, DeadLetterActionSchema, description="What was done."),
+             bp.alt_response(409, **problem(refused)),
+             bp.alt_response(502, **_GATEWAY_UNAVAILABLE)]
+
+    def declare(view):
+        for decorator in reversed(stack):  # as if written top to bottom above the view
+            view = decorator(view)
+        return view
+
+    return declare
+
+
 @bp.post("/<payment_id>/redrive")
-@require_admin
-@bp.path(LetterPath())
-@bp.response(200, DeadLetterActionSchema, description="What was done.")
-@bp.alt_response(409, **problem("Resolved already, or not re-drivable "
-                                "(DEAD_LETTER_ACTION_REFUSED)."))
-@bp.alt_response(502, **_GATEWAY_UNAVAILABLE)
+@_gateway_action("Resolved already, or not re-drivable (DEAD_LETTER_ACTION_REFUSED).")
 def redrive(payment_id: UUID):
     """Re-drive a parked payment (admin).
 
@@ -124,12 +136,8 @@ def redrive(payment_id: UUID):
 
 
 @bp.post("/<payment_id>/refund")
-@require_admin
-@bp.path(LetterPath())
-@bp.response(200, DeadLetterActionSchema, description="What was done.")
-@bp.alt_response(409, **problem("Resolved already, or the gateway holds no charge "
-                                "(DEAD_LETTER_ACTION_REFUSED)."))
-@bp.alt_response(502, **_GATEWAY_UNAVAILABLE)
+@_gateway_action("Resolved already, or the gateway holds no charge "
+                 "(DEAD_LETTER_ACTION_REFUSED).")
 def refund(payment_id: UUID):
     """Refund the charge the gateway holds and close the dead letter (admin)."""
     with _pool().connection() as conn:
