@@ -92,6 +92,10 @@ class Config:
     #: The circuit breaker judges the gateway on calls of the last this-many seconds.
     circuit_window_seconds: int = setting(10, int)
     db_pool_max: int = setting(10, int)
+    #: The web pool's sessions cancel a statement running longer than this
+    #: (0: never), so no request holds a connection and a thread for long: a
+    #: page reads a few ms; 5 s leaves room for a slow disk, not for a scan.
+    web_statement_timeout: float = setting(5.0, parse_duration)
     #: Gateway calls one worker process keeps in flight at most; what it keeps
     #: is sized from the ceiling and the observed latency (paycron/inflight.py).
     #: 256 covers a 200/s ceiling at 1 s with headroom in a single process.
@@ -126,6 +130,8 @@ class Config:
             raise ConfigError("CIRCUIT_FAILURE_RATIO must be in (0, 1]")
         if self.gateway_max_in_flight < 1:
             raise ConfigError("GATEWAY_MAX_IN_FLIGHT must be >= 1")
+        if self.web_statement_timeout < 0:
+            raise ConfigError("WEB_STATEMENT_TIMEOUT must be >= 0 (0: no timeout)")
         if len(self.default_currency) != 3:
             raise ConfigError("DEFAULT_CURRENCY must be an ISO 4217 code")
 
