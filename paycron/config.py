@@ -112,6 +112,14 @@ class Config:
     webhook_backoff_max_seconds: float = setting(600.0, parse_duration)
     #: Scheduler and worker processes serve their counters here (see paycron.metrics).
     metrics_port: int | None = setting(None, int)
+    #: The web port serves /metrics only to ``Authorization: Bearer <this>``;
+    #: unset, it does not serve /metrics at all (404).
+    metrics_token: str | None = setting(None, str)
+    #: One read of the database gauges answers the scrapes of this many
+    #: seconds: a scrape storm (several Prometheus replicas, a dashboard
+    #: refreshing) costs one read per interval; 5 s is well under any
+    #: scrape interval worth alerting on.
+    metrics_cache_seconds: float = 5.0
     #: Where every process on the host writes its counters (prometheus_client's
     #: multiprocess mode); the web's /metrics then serves them all.
     prometheus_multiproc_dir: str | None = setting(None, str)
@@ -132,6 +140,8 @@ class Config:
             raise ConfigError("GATEWAY_MAX_IN_FLIGHT must be >= 1")
         if self.web_statement_timeout < 0:
             raise ConfigError("WEB_STATEMENT_TIMEOUT must be >= 0 (0: no timeout)")
+        if self.metrics_token is not None and len(self.metrics_token) < 16:
+            raise ConfigError("METRICS_TOKEN must be at least 16 characters")
         if len(self.default_currency) != 3:
             raise ConfigError("DEFAULT_CURRENCY must be an ISO 4217 code")
 
