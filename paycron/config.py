@@ -92,6 +92,10 @@ class Config:
     #: The circuit breaker judges the gateway on calls of the last this-many seconds.
     circuit_window_seconds: int = setting(10, int)
     db_pool_max: int = setting(10, int)
+    #: The web pool's sessions cancel a statement running longer than this
+    #: (0: never), so no request holds a connection and a thread for long: a
+    #: page reads a few ms; 5 s leaves room for a slow disk, not for a scan.
+    web_statement_timeout: float = setting(5.0, parse_duration)
     #: Gateway calls one worker process keeps in flight at most; what it keeps
     #: is sized from the ceiling and the observed latency (paycron/inflight.py).
     #: 256 covers a 200/s ceiling at 1 s with headroom in a single process.
@@ -108,6 +112,14 @@ class Config:
     webhook_backoff_max_seconds: float = setting(600.0, parse_duration)
     #: Scheduler and worker processes serve their counters here (see paycron.metrics).
     metrics_port: int | None = setting(None, int)
+    #: The web port serves /metrics only to ``Authorization: Bearer <this>``;
+    #: unset, it does not serve /metrics at all (404).
+    metrics_token: str | None = setting(None, str)
+    #: One read of the database gauges answers the scrapes of this many
+    #: seconds: a scrape storm (several Prometheus replicas, a dashboard
+    #: refreshing) costs one read per interval; 5 s is well under any
+    #: scrape interval worth alerting on.
+    metrics_cache_seconds: float = 5.0
     #: Where every process on the host writes its counters (prometheus_client's
     #: multiprocess mode); the web's /metrics then serves them all.
     prometheus_multiproc_dir: str | None = setting(None, str)
@@ -126,6 +138,10 @@ class Config:
             raise ConfigError("CIRCUIT_FAILURE_RATIO must be in (0, 1]")
         if self.gateway_max_in_flight < 1:
             raise ConfigError("GATEWAY_MAX_IN_FLIGHT must be >= 1")
+        if self.web_statement_timeout < 0:
+            raise ConfigError("WEB_STATEMENT_TIMEOUT must be >= 0 (0: no timeout)")
+        if self.metrics_token is not None and len(self.metrics_token) < 16:
+            raise ConfigError("METRICS_TOKEN must be at least 16 characters")
         if len(self.default_currency) != 3:
             raise ConfigError("DEFAULT_CURRENCY must be an ISO 4217 code")
 

@@ -21,8 +21,16 @@ from paycron.errors import ConfigError
 _SESSION_OPTIONS = "-c TimeZone=UTC -c plan_cache_mode=force_custom_plan"
 
 
-def connection_kwargs() -> dict:
-    return {"autocommit": True, "row_factory": dict_row, "options": _SESSION_OPTIONS}
+def connection_kwargs(*, statement_timeout: float | None = None) -> dict:
+    """``statement_timeout`` (seconds; None or 0: none) cancels any statement
+    of the session that runs longer. Only the web's pool sets one: the
+    sweeper and workers never cancel a statement, least of all a commit
+    waiting for a synchronous standby (SPEC §15: a cancelled wait does not
+    undo the commit)."""
+    options = _SESSION_OPTIONS
+    if statement_timeout:
+        options += f" -c statement_timeout={max(1, round(statement_timeout * 1000))}"
+    return {"autocommit": True, "row_factory": dict_row, "options": options}
 
 
 def require_database_url(config: Config) -> str:
@@ -32,13 +40,14 @@ def require_database_url(config: Config) -> str:
 
 
 def make_pool(config: Config, *, min_size: int = 1, max_size: int | None = None,
-              name: str = "paycron") -> ConnectionPool:
-    """An opened pool; the caller closes it (``with make_pool(...) as pool``)."""
+              name: str = "paycron", statement_timeout: float | None = None) -> ConnectionPool:
+    """An opened pool; the caller closes it (``with make_pool(...) as pool``).
+    ``statement_timeout``: see :func:`connection_kwargs` (the web's pool only)."""
     pool = ConnectionPool(
         require_database_url(config),
         min_size=min_size,
         max_size=max_size or config.db_pool_max,
-        kwargs=connection_kwargs(),
+        kwargs=connection_kwargs(statement_timeout=statement_timeout),
         name=name,
         open=False,
         # A dead server must surface as an error quickly, not hang a request.

@@ -2,7 +2,8 @@
 gauges computed at scrape time.
 
 Where they are exposed: the web process serves ``GET /metrics`` (its own
-counters plus the gauges below). The scheduler and each worker process serve
+counters plus the gauges below) to a bearer of ``METRICS_TOKEN``, and not at
+all without one (``web/metrics.py``). The scheduler and each worker process serve
 their counters over HTTP when ``METRICS_PORT`` is set: on that port, or the
 next free one of the 32 after it (``dramatiq tasks --processes N`` starts N
 processes; each logs the port it took). With ``PROMETHEUS_MULTIPROC_DIR``
@@ -14,6 +15,8 @@ aggregates every process's counters of that host.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 from prometheus_client import Counter, Histogram
@@ -44,14 +47,32 @@ BREAKER_STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
 
 
 class DatabaseCollector(Collector):
-    """Gauges read from Postgres (and the breaker from Redis) at scrape time."""
+    """Gauges read from Postgres (and the breaker from Redis) at scrape time,
+    at most once per ``ttl`` seconds (``Config.metrics_cache_seconds``):
+    scrapes within it, concurrent ones included (they wait for the one
+    read), get the same values. ``reads`` counts the reads made."""
 
-    def __init__(self, pool, *, breaker=None, queries: dict[str, str]):
+    def __init__(self, pool, *, breaker=None, queries: dict[str, str],
+                 ttl: float, clock=time.monotonic):
         self._pool = pool
         self._breaker = breaker
         self._queries = queries
+        self._ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cached: tuple[float, list] | None = None
+        self.reads = 0
 
     def collect(self):
+        with self._lock:
+            now = self._clock()
+            if self._cached is None or not 0 <= now - self._cached[0] < self._ttl:
+                self.reads += 1
+                self._cached = (now, list(self._read()))
+            families = self._cached[1]
+        yield from families
+
+    def _read(self):
         now = datetime.now(UTC)
         try:
             with self._pool.connection(timeout=5) as conn:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import random
 import uuid
 from datetime import UTC, datetime
 
 import pytest
 
+from paycron import payments
 from paycron.ids import new_payment_id
 from tests.conftest import future, iso
 from tests.factories import insert_payment
@@ -86,6 +88,21 @@ def test_list_is_newest_first_and_pages_with_an_opaque_cursor(client, alice, bob
     assert seen == list(reversed(ids))
 
 
+def walk(client, headers, **query) -> tuple[list[str], int]:
+    """Every page of a list, following nextCursor until it is null: the ids
+    in order, and how many pages it took."""
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = client.get(URL, headers=headers, query_string={
+            **query, **({"cursor": cursor} if cursor else {})}).get_json()
+        pages += 1
+        assert len(page["data"]) <= query["limit"]
+        seen += [p["id"] for p in page["data"]]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            return seen, pages
+
+
 def test_list_filters_by_status(client, alice, conn):
     done = create(client, alice, "k0")
     conn.execute("UPDATE payments SET status = 'COMPLETED' WHERE id = %s", (done["id"],))
@@ -96,10 +113,53 @@ def test_list_filters_by_status(client, alice, conn):
                       ).get_json()
     assert [p["id"] for p in data["data"]] == [pending["id"]]
     assert data["nextCursor"]
-    data = client.get(URL, headers=alice, query_string={"status": "COMPLETED", "limit": 5}
-                      ).get_json()
-    assert [p["id"] for p in data["data"]] == [done["id"]]
-    assert data["nextCursor"] is None
+    assert walk(client, alice, status="COMPLETED", limit=5) == ([done["id"]], 2)
+
+
+def test_a_filtered_page_reads_a_bounded_stretch_of_history(client, alice, conn):
+    """limit=5 scans FILTERED_SCAN_FACTOR x 5 = 20 keys: a match 31 payments
+    back is not on page one, which is empty with a cursor to go on from; the
+    next 20 keys reach it and the end of the history."""
+    assert payments.FILTERED_SCAN_FACTOR == 4
+    done = create(client, alice, "old")
+    conn.execute("UPDATE payments SET status = 'COMPLETED' WHERE id = %s", (done["id"],))
+    for n in range(30):
+        create(client, alice, f"p{n}")
+    first = client.get(URL, headers=alice, query_string={"status": "COMPLETED", "limit": 5}
+                       ).get_json()
+    assert first["data"] == [] and first["nextCursor"] is not None
+    second = client.get(URL, headers=alice, query_string={
+        "status": "COMPLETED", "limit": 5, "cursor": first["nextCursor"]}).get_json()
+    assert ([p["id"] for p in second["data"]], second["nextCursor"]) == ([done["id"]], None)
+
+
+def test_every_filtered_walk_is_exact_over_a_mixed_history(client, alice, bob, conn):
+    """Statuses in runs (long stretches with no match, then many at once):
+    walking every page of each filter, at several limits, yields exactly the
+    payer's payments of that status, newest first, none skipped or repeated."""
+    statuses = ["PENDING", "CANCELLED", "COMPLETED", "FAILED"]
+    rng = random.Random(13)
+    for n in range(90):
+        create(client, alice, f"a{n}")
+    create(client, bob, "b0")  # another payer's rows are never listed
+    order = [r["payment_id"] for r in conn.execute(
+        "SELECT payment_id FROM idempotency_keys WHERE actor = 'alice' "
+        "ORDER BY created_at DESC, payment_id DESC")]
+    status_of, run_left, current = {}, 0, None
+    for payment_id in order:
+        if run_left == 0:
+            current, run_left = rng.choice(statuses), rng.choice([1, 2, 5, 17, 30])
+        status_of[payment_id], run_left = current, run_left - 1
+    for status in statuses:
+        ids = [i for i, s in status_of.items() if s == status]
+        conn.execute("UPDATE payments SET status = %s, failure_reason = %s WHERE id = ANY(%s)",
+                     (status, "DECLINED" if status == "FAILED" else None, ids))
+    for limit in (1, 2, 3, 7, 100):
+        assert walk(client, alice, limit=limit)[0] == [str(i) for i in order]
+        for status in statuses:
+            expected = [str(i) for i in order if status_of[i] == status]
+            assert walk(client, alice, status=status, limit=limit)[0] == expected, \
+                (status, limit)
 
 
 @pytest.mark.parametrize("query,field", [
@@ -148,3 +208,11 @@ def test_cursors_round_trip_every_position_and_refuse_the_rest():
                 b"1." + str(2 ** 128).encode()):
         with pytest.raises(ValidationError, match="not a cursor this API returned"):
             payments.decode(base64.urlsafe_b64encode(bad).decode())
+
+
+def test_the_document_says_a_page_may_be_short_before_the_end(client):
+    operation = client.get("/openapi.json").get_json()["paths"][URL]["get"]
+    text = " ".join([operation["description"], operation["responses"]["200"]["description"]])
+    assert f"at most {payments.FILTERED_SCAN_FACTOR} x limit" in text
+    assert "even none, while nextCursor is not null" in text
+    assert "follow the cursor until it is null" in text

@@ -5,19 +5,34 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from paycron.metrics import DatabaseCollector
+from paycron.sql import q
 from tests.factories import insert_payment, park
+from tests.support import Clock
 
 RULES = Path(__file__).resolve().parents[1] / "ops" / "prometheus" / "alerts.yml"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
              "gauge": ("",), "summary": ("", "_sum", "_count")}
 
 
+TOKEN = "scrape-token-for-tests-0123456789"
+SCRAPER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def config(config):
+    """The web app serves /metrics only with a token; these tests read fresh
+    gauges on every scrape unless they say otherwise."""
+    return config.with_overrides(metrics_token=TOKEN, metrics_cache_seconds=0)
+
+
 def samples_of(client) -> list:
-    response = client.get("/metrics")
+    response = client.get("/metrics", headers=SCRAPER)
     assert response.status_code == 200
     return [sample for family in text_string_to_metric_families(response.get_data(as_text=True))
             for sample in family.samples]
@@ -115,3 +130,86 @@ def test_with_a_multiprocess_directory_the_scrape_is_that_directorys(config, cli
         app.extensions["paycron.pool"].close()
     assert "paycron_http_requests_total" not in samples
     assert "paycron_database_up" in samples
+
+
+# -- Not on the public port without a token; cheap under a scrape storm -------------
+
+def _app(config, **overrides):
+    from web import create_app
+
+    return create_app(config.with_overrides(**overrides))
+
+
+def test_without_a_token_the_web_port_does_not_serve_metrics(config):
+    app = _app(config, metrics_token=None)
+    try:
+        response = app.test_client().get("/metrics", headers=SCRAPER)
+    finally:
+        app.extensions["paycron.pool"].close()
+    assert (response.status_code, response.get_json()["code"]) == (404, "NOT_FOUND")
+
+
+@pytest.mark.parametrize("authorization", [
+    None, "", "Bearer", "Bearer wrong-token-of-enough-length", f"Basic {TOKEN}", TOKEN,
+    f"Bearer {TOKEN}x",
+])
+def test_a_scrape_without_the_token_is_401(client, authorization):
+    headers = {} if authorization is None else {"Authorization": authorization}
+    response = client.get("/metrics", headers=headers)
+    assert response.status_code == 401
+    assert response.mimetype == "application/problem+json"
+    assert response.get_json()["code"] == "UNAUTHENTICATED"
+    assert "paycron_" not in response.get_data(as_text=True)
+
+
+def test_a_short_token_refuses_to_start():
+    from paycron.config import Config
+    from paycron.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="METRICS_TOKEN"):
+        Config.from_env({"METRICS_TOKEN": "short"})
+
+
+def test_two_scrapes_within_the_cache_time_read_the_database_once(config, conn):
+    app = _app(config, metrics_cache_seconds=5.0)  # the default
+    try:
+        client = app.test_client()
+        collector = app.extensions["paycron.metrics_collector"]
+        assert collector.reads == 0
+        assert scrape(client)["paycron_backlog_payments"] == 0
+        insert_payment(conn)
+        assert scrape(client)["paycron_backlog_payments"] == 0  # the same read's values
+        assert collector.reads == 1
+    finally:
+        app.extensions["paycron.pool"].close()
+
+
+class CountingPool:
+    """A pool that counts the connections asked of it: one per database read."""
+
+    def __init__(self, pool):
+        self.pool, self.connections = pool, 0
+
+    def connection(self, **kwargs):
+        self.connections += 1
+        return self.pool.connection(**kwargs)
+
+
+def test_the_gauges_are_read_again_once_the_cache_time_has_passed(app, conn):
+    clock = Clock(start=1000.0)
+    pool = CountingPool(app.extensions["paycron.pool"])
+    collector = DatabaseCollector(pool, queries={"metrics_gauges": q("metrics_gauges")},
+                                  ttl=5.0, clock=clock)
+
+    def backlog() -> float:
+        families = {f.name: f for f in collector.collect()}
+        return families["paycron_backlog_payments"].samples[0].value
+
+    assert backlog() == 0
+    insert_payment(conn)
+    clock.advance(4.9)
+    assert (backlog(), pool.connections, collector.reads) == (0, 1, 1)
+    clock.advance(0.1)
+    assert (backlog(), pool.connections, collector.reads) == (1, 2, 2)
+    clock.advance(-60)  # a clock that went back does not freeze the cache
+    assert (backlog(), pool.connections) == (1, 3)

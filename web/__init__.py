@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from flask import Flask
+from flask import Flask, current_app
+from psycopg.errors import QueryCanceled
+from werkzeug.exceptions import ServiceUnavailable
 
 from paycron.apikeys import PrincipalCache
 from paycron.breaker import CircuitBreaker
@@ -15,7 +17,7 @@ from paycron.gateway_client import build_gateway
 from paycron.observability import init_sentry
 from web import admin, events, health, metrics, payments, webhooks
 from web.api import Api
-from web.problems import register_error_handlers
+from web.problems import http_problem, register_error_handlers
 from web.schemas import now_utc
 
 
@@ -30,7 +32,8 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     app.json.sort_keys = False
     app.extensions["paycron.config"] = config
     app.extensions["paycron.clock"] = clock
-    app.extensions["paycron.pool"] = make_pool(config, name="web")
+    app.extensions["paycron.pool"] = make_pool(
+        config, name="web", statement_timeout=config.web_statement_timeout)
     app.extensions["paycron.principals"] = PrincipalCache(config.api_key_cache_seconds)
     # Short command timeouts: a readiness probe must answer while Redis hangs.
     app.extensions["paycron.redis"] = make_redis(config, timeout=2)
@@ -38,8 +41,16 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     app.extensions["paycron.gateway"] = build_gateway(config, max_connections=4)
     breaker = CircuitBreaker(app.extensions["paycron.redis"], config)
     register_error_handlers(app)
+    app.register_error_handler(QueryCanceled, _statement_cancelled)
     metrics.install(app, breaker=breaker)
     api = Api(app)  # serves GET /openapi.json, generated from the blueprints' schemas
     for blueprint in (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp):
         api.register_blueprint(blueprint)
     return app
+
+
+def _statement_cancelled(error: QueryCanceled):
+    """A statement ran past WEB_STATEMENT_TIMEOUT (or was cancelled): the
+    database is too slow to answer now, which is 503 ``UNAVAILABLE``, not 500."""
+    current_app.logger.warning("statement cancelled: %s", type(error).__name__)
+    return http_problem(ServiceUnavailable("the database did not answer in time; retry later"))

@@ -1,14 +1,18 @@
 """``GET /metrics`` (Prometheus text) and the web process's request metrics.
 
-Unauthenticated: expose it on the internal network only. With
+Served only to a bearer of ``METRICS_TOKEN`` (``Authorization: Bearer
+<token>``, compared in constant time; 401 otherwise) and not at all when it
+is unset (404): the web port is the public one. With
 ``PROMETHEUS_MULTIPROC_DIR`` set, it aggregates the counters of every
 process on the host that writes there (gunicorn workers, scheduler, Dramatiq
 workers); without it, this process's own counters. The database gauges are
-computed at scrape time by :class:`paycron.metrics.DatabaseCollector`.
+computed by :class:`paycron.metrics.DatabaseCollector`, at most once per
+``Config.metrics_cache_seconds``.
 """
 
 from __future__ import annotations
 
+import hmac
 import time
 
 from flask import Blueprint, Flask, Response, current_app, g, request
@@ -24,6 +28,7 @@ from prometheus_client import (
 
 from paycron.metrics import DatabaseCollector
 from paycron.sql import q
+from web.problems import Problem
 
 bp = Blueprint("metrics", __name__)
 
@@ -42,20 +47,35 @@ def _process_registry():
     return REGISTRY
 
 
+def _require_metrics_token() -> None:
+    token = current_app.extensions["paycron.config"].metrics_token
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+            presented.strip().encode(), token.encode()):
+        raise Problem(401, "UNAUTHENTICATED", "/metrics needs Authorization: Bearer METRICS_TOKEN")
+
+
 @bp.get("/metrics")
 def metrics():
+    _require_metrics_token()
     body = generate_latest(_process_registry())
     body += generate_latest(current_app.extensions["paycron.metrics_registry"])
     return Response(body, mimetype=CONTENT_TYPE_LATEST)
 
 
 def install(app: Flask, *, breaker) -> None:
-    """Register /metrics, the scrape-time gauges and the request hooks."""
+    """The request hooks, the scrape-time gauges, and /metrics when the
+    config has a METRICS_TOKEN."""
+    config = app.extensions["paycron.config"]
+    collector = DatabaseCollector(app.extensions["paycron.pool"], breaker=breaker,
+                                  queries={"metrics_gauges": q("metrics_gauges")},
+                                  ttl=config.metrics_cache_seconds)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector(app.extensions["paycron.pool"], breaker=breaker,
-                                        queries={"metrics_gauges": q("metrics_gauges")}))
+    registry.register(collector)
+    app.extensions["paycron.metrics_collector"] = collector
     app.extensions["paycron.metrics_registry"] = registry
-    app.register_blueprint(bp)
+    if config.metrics_token:
+        app.register_blueprint(bp)
 
     @app.before_request
     def _start_timer():

@@ -258,10 +258,20 @@ def cancel(payment_id: UUID):
 @bp.get("")
 @require_key
 @bp.arguments(ListQuerySchema(), location="query", as_kwargs=True)
-@bp.response(200, PaymentPageSchema, description="A page; nextCursor is null on the last one.")
+@bp.response(200, PaymentPageSchema, description=(
+    "A page; nextCursor is null on the last one. A page may hold fewer than "
+    "limit items, even none, while nextCursor is not null: follow the cursor "
+    "until it is null."))
 @bp.alt_response(400, **problem("A bad status, limit or cursor."))
 def index(limit: int, status: str | None = None, cursor: tuple | None = None):
-    """The caller's payments, newest first (keyset pagination)."""
+    """The caller's payments, newest first (keyset pagination).
+
+    Each request reads a bounded stretch of the caller's history: with a
+    status filter, at most 4 x limit payments are looked at, and the page
+    holds the matches among them. So a page may hold fewer than limit items,
+    even none, while nextCursor is not null: clients follow the cursor until
+    it is null. No payment is skipped or repeated across pages.
+    """
     with _pool().connection() as conn:
         page, next_key = payments.list_payments(
             conn, actor=g.principal.actor, status=status, limit=limit, after=cursor)

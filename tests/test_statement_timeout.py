@@ -1,0 +1,64 @@
+"""WEB_STATEMENT_TIMEOUT: the web pool's sessions cancel a long statement and
+the request answers 503 UNAVAILABLE; no other process's sessions get one."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from paycron.config import Config
+from paycron.db import connect, make_pool
+from tests.factories import insert_payment
+
+
+def statement_timeout(pool_or_conn) -> str:
+    if isinstance(pool_or_conn, psycopg.Connection):
+        return pool_or_conn.execute("SHOW statement_timeout").fetchone()["statement_timeout"]
+    with pool_or_conn.connection() as conn:
+        return statement_timeout(conn)
+
+
+def test_a_statement_past_the_timeout_answers_503_not_500(config, alice, conn, database_url):
+    """A cancel waits on a row another session holds locked: past the web's
+    timeout (50 ms here) the statement is cancelled and the answer is 503.
+    The locker's session ends itself after 2 s idle (releasing the lock), so
+    without the timeout the cancel would wait for it and answer 200."""
+    from web import create_app
+
+    row = insert_payment(conn, payer="alice", status="PENDING")
+    app = create_app(config.with_overrides(web_statement_timeout=0.05))
+    locker = psycopg.connect(database_url)
+    try:
+        locker.execute("SET idle_in_transaction_session_timeout = '2s'")
+        locker.execute("SELECT 1 FROM payments WHERE id = %s FOR UPDATE", (row["id"],))
+        started = time.monotonic()
+        response = app.test_client().delete(f"/v1/scheduled-payments/{row['id']}",
+                                            headers=alice)
+        elapsed = time.monotonic() - started
+    finally:
+        locker.close()
+        app.extensions["paycron.pool"].close()
+    assert response.status_code == 503, response.get_data(as_text=True)
+    assert response.mimetype == "application/problem+json"
+    assert response.get_json()["code"] == "UNAVAILABLE"
+    assert elapsed < 1.5
+
+
+def test_only_the_web_pool_has_a_statement_timeout(app, database_url):
+    assert statement_timeout(app.extensions["paycron.pool"]) == "5s"  # the default
+    config = Config(database_url=database_url)
+    with make_pool(config, name="worker") as pool:  # scheduler, workers, relay
+        assert statement_timeout(pool) == "0"
+    with connect(config) as conn:  # CLI, migrations
+        assert statement_timeout(conn) == "0"
+
+
+def test_zero_means_no_timeout(config):
+    from web import create_app
+
+    app = create_app(config.with_overrides(web_statement_timeout=0))
+    try:
+        assert statement_timeout(app.extensions["paycron.pool"]) == "0"
+    finally:
+        app.extensions["paycron.pool"].close()
