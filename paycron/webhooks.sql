@@ -7,17 +7,33 @@
 -- HTTP calls outside any transaction, and moves the cursor one statement per
 -- event, fenced on its lease_owner: a relay whose lease ran out moves nothing.
 
+-- name: webhook_endpoint_lock_actor
+-- Serialises one payer's registrations until the transaction ends, so the
+-- count below cannot be raced. Its own statement: the insert's snapshot
+-- must be taken after the lock is held. Two-key form (class 7, the actor's
+-- hash): apart from the one-bigint locks of migrate and admin; two payers
+-- whose names collide merely wait for each other.
+SELECT pg_advisory_xact_lock(7, hashtext(%(actor)s));
+
 -- name: webhook_endpoint_create
--- A new endpoint; its stream starts at its creation (the table's defaults).
+-- A new endpoint if the payer has fewer than %(max_endpoints)s live ones
+-- (NULL: no quota; no row back: the quota is full); its stream starts at its
+-- creation (the table's defaults). Run under webhook_endpoint_lock_actor.
 INSERT INTO webhook_endpoints (actor, url, secret)
-VALUES (%(actor)s, %(url)s, %(secret)s)
+SELECT %(actor)s, %(url)s, %(secret)s
+WHERE %(max_endpoints)s::integer IS NULL
+   OR (SELECT count(*) FROM webhook_endpoints
+       WHERE actor = %(actor)s AND deleted_at IS NULL) < %(max_endpoints)s::integer
 RETURNING id, url, secret, created_at;
 
 -- name: webhook_endpoints_of
--- A payer's live endpoints, oldest first (never the secret).
+-- A page of a payer's live endpoints, oldest first, keyset-paged on
+-- (created_at, id) after the last one seen (never the secret).
 SELECT id, url, created_at FROM webhook_endpoints
 WHERE actor = %(actor)s AND deleted_at IS NULL
-ORDER BY created_at, id;
+  AND (created_at, id) > (%(after_created_at)s, %(after_id)s)
+ORDER BY created_at, id
+LIMIT %(limit)s;
 
 -- name: webhook_endpoint_delete
 -- Soft delete, scoped to its payer; repeating it changes nothing.
