@@ -43,9 +43,14 @@ RETURNING id;
 
 -- name: webhook_claim_endpoints
 -- Lease up to %(limit)s live endpoints that have an event to send and are
--- not backing off, least recently served first.
-WITH due AS (
-    SELECT w.id FROM webhook_endpoints w
+-- not backing off, fairly across payers: a payer's endpoints are ranked
+-- after the ones it already has leased, and a claim takes every payer's
+-- first before anyone's second (least recently served first within a
+-- rank), so a payer with N endpoints does not get N shares of the relay.
+-- The lease checks are repeated on the locking level: FOR UPDATE rechecks
+-- only those against a row another relay claimed meanwhile.
+WITH candidates AS (
+    SELECT w.id, w.actor, w.next_attempt_at FROM webhook_endpoints w
     WHERE w.deleted_at IS NULL AND w.next_attempt_at <= now()
       AND (w.lease_until IS NULL OR w.lease_until < now())
       AND EXISTS (
@@ -54,9 +59,24 @@ WITH due AS (
             AND (e.txid, e.id) > (w.cursor_txid, w.cursor_event_id)
             AND e.txid < pg_snapshot_xmin(pg_current_snapshot())
             AND NOT pg_visible_in_snapshot(e.txid, w.created_snapshot))
-    ORDER BY w.next_attempt_at
+), leased AS (
+    SELECT actor, count(*) AS n FROM webhook_endpoints
+    WHERE deleted_at IS NULL AND lease_until >= now()
+      AND actor IN (SELECT actor FROM candidates)
+    GROUP BY actor
+), ranked AS (
+    SELECT c.id, c.next_attempt_at,
+           coalesce(l.n, 0)
+             + row_number() OVER (PARTITION BY c.actor ORDER BY c.next_attempt_at, c.id)
+             AS share
+    FROM candidates c LEFT JOIN leased l ON l.actor = c.actor
+), due AS (
+    SELECT w.id FROM webhook_endpoints w JOIN ranked r ON r.id = w.id
+    WHERE w.deleted_at IS NULL AND w.next_attempt_at <= now()
+      AND (w.lease_until IS NULL OR w.lease_until < now())
+    ORDER BY r.share, r.next_attempt_at, r.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF w SKIP LOCKED
 )
 UPDATE webhook_endpoints w
 SET lease_until = now() + make_interval(secs => %(lease_seconds)s),
