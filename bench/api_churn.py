@@ -29,6 +29,7 @@ from pathlib import Path
 
 import urllib3
 
+from bench.harness import UNLIMITED_API
 from bench.servers import PrivatePostgres, PrivateRedis
 from devtools.procs import ProcessGroup, free_port, wait_http, web_args
 from paycron.apikeys import create_api_key
@@ -198,7 +199,8 @@ def main() -> None:
             ensure_partitions(conn, config)
             key, _ = create_api_key(conn, "churn")
         port = free_port()
-        procs = ProcessGroup(logdir, {"DATABASE_URL": pg.url, "REDIS_URL": redis_server.url})
+        procs = ProcessGroup(logdir, {"DATABASE_URL": pg.url, "REDIS_URL": redis_server.url,
+                                      **UNLIMITED_API})
         master = procs.start("web", web_args(port, workers=args.web_workers,
                                              threads=args.web_threads))
         base = f"http://127.0.0.1:{port}"

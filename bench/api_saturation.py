@@ -40,7 +40,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.harness import REDIS_URL, private_database
+from bench.harness import REDIS_URL, UNLIMITED_API, private_database
 from devtools.procs import ProcessGroup, free_port, wait_http, web_args
 from paycron.apikeys import create_api_key
 from paycron.config import Config
@@ -250,7 +250,7 @@ def main() -> None:
         dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
         admin_url = psycopg.conninfo.make_conninfo(url, dbname="postgres")
         env = {"DATABASE_URL": url, "REDIS_URL": REDIS_URL, "REDIS_NAMESPACE": namespace,
-               "GATEWAY_URL": "http://127.0.0.1:9", "SENTRY_DSN": ""}
+               "GATEWAY_URL": "http://127.0.0.1:9", "SENTRY_DSN": "", **UNLIMITED_API}
         wrk = Wrk(token, workdir)
         shape = {"workers": args.workers, "threads": args.threads, "logdir": workdir,
                  "keep_alive": args.keep_alive, "worker_class": args.worker_class}

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.harness import UNLIMITED_API
 from bench.servers import PrivatePostgres, PrivateRedis
 from devtools.fake_gateway import GatewayHandle, charges_per_key
 from devtools.procs import (
@@ -120,7 +121,7 @@ class Soak:
             migrate(conn)
             ensure_partitions(conn, self.config)
             self.key, _ = create_api_key(conn, "soak")
-        env = {**ENGINE, "DATABASE_URL": self.pg.url, "REDIS_URL": self.redis.url,
+        env = {**ENGINE, **UNLIMITED_API, "DATABASE_URL": self.pg.url, "REDIS_URL": self.redis.url,
                "GATEWAY_URL": f"http://127.0.0.1:{self.gateway_port}"}
         self.procs = ProcessGroup(self.logdir, env)
         gateway = self.procs.start("gateway", [*gateway_args(self.gateway_port), "--seed", "11"])

@@ -103,6 +103,13 @@ class Config:
     #: How long a web process trusts an API key it has authenticated: a
     #: revocation reaches every process within this time; 0 checks every request.
     api_key_cache_seconds: float = setting(10.0, parse_duration)
+    #: Requests per second per actor, and the bucket's size: one billing
+    #: service's month-start burst (a few thousand creates at once) fits in
+    #: the burst, and 500/s refills it in 10 s (paycron/rate_limits.py).
+    api_rate_limit: int = setting(500, int)
+    api_rate_burst: int = setting(5000, int)
+    #: Live webhook endpoints per actor: each is a stream the relay serves.
+    max_webhook_endpoints: int = setting(10, int)
     #: Let webhook endpoints point at loopback/private addresses (tests, on-premise).
     webhook_allow_private_hosts: bool = setting(False, _flag)
     #: Webhook relay: endpoints served at once, one delivery's time limit,
@@ -136,6 +143,10 @@ class Config:
             raise ConfigError("GATEWAY_RATE_LIMIT and CLAIM_BATCH must be >= 1")
         if not 0 < self.circuit_failure_ratio <= 1:
             raise ConfigError("CIRCUIT_FAILURE_RATIO must be in (0, 1]")
+        if self.api_rate_limit < 1 or self.api_rate_burst < 1:
+            raise ConfigError("API_RATE_LIMIT and API_RATE_BURST must be >= 1")
+        if self.max_webhook_endpoints < 0:
+            raise ConfigError("MAX_WEBHOOK_ENDPOINTS must be >= 0")
         if self.gateway_max_in_flight < 1:
             raise ConfigError("GATEWAY_MAX_IN_FLIGHT must be >= 1")
         if self.web_statement_timeout < 0:

@@ -49,6 +49,23 @@ class DeadLetterActionRefused(PaycronError):
     code = "DEAD_LETTER_ACTION_REFUSED"
 
 
+class RateLimited(PaycronError):
+    """The actor sent more than ``API_RATE_LIMIT`` requests per second beyond
+    its burst; ``retry_after`` is whole seconds until a request fits again."""
+
+    code = "RATE_LIMITED"
+
+    def __init__(self, retry_after: int):
+        super().__init__(f"too many requests: retry after {retry_after} s")
+        self.retry_after = retry_after
+
+
+class LimitReached(PaycronError):
+    """A quota (e.g. ``MAX_WEBHOOK_ENDPOINTS``) is full: nothing was created."""
+
+    code = "LIMIT_REACHED"
+
+
 class GatewayError(PaycronError):
     """The gateway could not be asked at all (used by the ops tools)."""
 

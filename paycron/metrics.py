@@ -41,6 +41,9 @@ TRIGGER_LATENESS = Histogram(
     buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900, 3600))
 BREAKER_RELEASES = Counter("paycron_breaker_releases",
                            "Claims handed back unspent while the breaker was open")
+RATE_LIMITER_ERRORS = Counter(
+    "paycron_rate_limiter_errors",
+    "Requests served unchecked because the rate limiter could not ask Redis")
 
 #: circuit state as a number, for alerting
 BREAKER_STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}

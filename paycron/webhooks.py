@@ -19,12 +19,14 @@ import socket
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 
 from psycopg import Connection
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
+from paycron.errors import LimitReached
 from paycron.sql import q
 
 SIGNATURE_HEADER = "Paycron-Signature"
@@ -56,14 +58,38 @@ def backoff(attempts: int, *, base: float, cap: float, jitter: float,
     return min(cap, base * 2 ** exponent * rng.uniform(1 - jitter, 1 + jitter))
 
 
-def create_endpoint(conn: Connection, *, actor: str, url: str) -> dict:
-    """A new endpoint, with its secret (shown to the client once)."""
-    return conn.execute(q("webhook_endpoint_create"),
-                        {"actor": actor, "url": url, "secret": new_secret()}).fetchone()
+def create_endpoint(conn: Connection, *, actor: str, url: str,
+                    max_endpoints: int | None = None) -> dict:
+    """A new endpoint, with its secret (shown to the client once);
+    :class:`LimitReached` when ``actor`` already has ``max_endpoints`` live
+    ones (``MAX_WEBHOOK_ENDPOINTS``; None: no quota), and then nothing is created."""
+    with conn.transaction():
+        conn.execute(q("webhook_endpoint_lock_actor"), {"actor": actor})
+        row = conn.execute(q("webhook_endpoint_create"), {
+            "actor": actor, "url": url, "secret": new_secret(),
+            "max_endpoints": max_endpoints}).fetchone()
+    if row is None:
+        raise LimitReached(f"at most {max_endpoints} webhook endpoints; delete one first")
+    return row
 
 
-def list_endpoints(conn: Connection, *, actor: str) -> list[dict]:
-    return conn.execute(q("webhook_endpoints_of"), {"actor": actor}).fetchall()
+#: Sorts before every real (created_at, id): the keyset start of page one.
+_FIRST_PAGE = ("-infinity", uuid.UUID(int=0))
+
+
+def list_endpoints(conn: Connection, *, actor: str, limit: int,
+                   after: tuple[datetime, uuid.UUID] | None = None,
+                   ) -> tuple[list[dict], tuple[datetime, uuid.UUID] | None]:
+    """A page of ``actor``'s live endpoints, oldest first, and the position
+    the next page starts after (None on the last page)."""
+    after_created_at, after_id = after or _FIRST_PAGE
+    rows = conn.execute(q("webhook_endpoints_of"), {
+        "actor": actor, "limit": limit + 1,
+        "after_created_at": after_created_at, "after_id": after_id}).fetchall()
+    if len(rows) <= limit:
+        return rows, None
+    last = rows[limit - 1]
+    return rows[:limit], (last["created_at"], last["id"])
 
 
 def delete_endpoint(conn: Connection, endpoint_id: uuid.UUID, *, actor: str) -> bool:

@@ -7,17 +7,33 @@
 -- HTTP calls outside any transaction, and moves the cursor one statement per
 -- event, fenced on its lease_owner: a relay whose lease ran out moves nothing.
 
+-- name: webhook_endpoint_lock_actor
+-- Serialises one payer's registrations until the transaction ends, so the
+-- count below cannot be raced. Its own statement: the insert's snapshot
+-- must be taken after the lock is held. Two-key form (class 7, the actor's
+-- hash): apart from the one-bigint locks of migrate and admin; two payers
+-- whose names collide merely wait for each other.
+SELECT pg_advisory_xact_lock(7, hashtext(%(actor)s));
+
 -- name: webhook_endpoint_create
--- A new endpoint; its stream starts at its creation (the table's defaults).
+-- A new endpoint if the payer has fewer than %(max_endpoints)s live ones
+-- (NULL: no quota; no row back: the quota is full); its stream starts at its
+-- creation (the table's defaults). Run under webhook_endpoint_lock_actor.
 INSERT INTO webhook_endpoints (actor, url, secret)
-VALUES (%(actor)s, %(url)s, %(secret)s)
+SELECT %(actor)s, %(url)s, %(secret)s
+WHERE %(max_endpoints)s::integer IS NULL
+   OR (SELECT count(*) FROM webhook_endpoints
+       WHERE actor = %(actor)s AND deleted_at IS NULL) < %(max_endpoints)s::integer
 RETURNING id, url, secret, created_at;
 
 -- name: webhook_endpoints_of
--- A payer's live endpoints, oldest first (never the secret).
+-- A page of a payer's live endpoints, oldest first, keyset-paged on
+-- (created_at, id) after the last one seen (never the secret).
 SELECT id, url, created_at FROM webhook_endpoints
 WHERE actor = %(actor)s AND deleted_at IS NULL
-ORDER BY created_at, id;
+  AND (created_at, id) > (%(after_created_at)s, %(after_id)s)
+ORDER BY created_at, id
+LIMIT %(limit)s;
 
 -- name: webhook_endpoint_delete
 -- Soft delete, scoped to its payer; repeating it changes nothing.
@@ -27,9 +43,14 @@ RETURNING id;
 
 -- name: webhook_claim_endpoints
 -- Lease up to %(limit)s live endpoints that have an event to send and are
--- not backing off, least recently served first.
-WITH due AS (
-    SELECT w.id FROM webhook_endpoints w
+-- not backing off, fairly across payers: a payer's endpoints are ranked
+-- after the ones it already has leased, and a claim takes every payer's
+-- first before anyone's second (least recently served first within a
+-- rank), so a payer with N endpoints does not get N shares of the relay.
+-- The lease checks are repeated on the locking level: FOR UPDATE rechecks
+-- only those against a row another relay claimed meanwhile.
+WITH candidates AS (
+    SELECT w.id, w.actor, w.next_attempt_at FROM webhook_endpoints w
     WHERE w.deleted_at IS NULL AND w.next_attempt_at <= now()
       AND (w.lease_until IS NULL OR w.lease_until < now())
       AND EXISTS (
@@ -38,9 +59,24 @@ WITH due AS (
             AND (e.txid, e.id) > (w.cursor_txid, w.cursor_event_id)
             AND e.txid < pg_snapshot_xmin(pg_current_snapshot())
             AND NOT pg_visible_in_snapshot(e.txid, w.created_snapshot))
-    ORDER BY w.next_attempt_at
+), leased AS (
+    SELECT actor, count(*) AS n FROM webhook_endpoints
+    WHERE deleted_at IS NULL AND lease_until >= now()
+      AND actor IN (SELECT actor FROM candidates)
+    GROUP BY actor
+), ranked AS (
+    SELECT c.id, c.next_attempt_at,
+           coalesce(l.n, 0)
+             + row_number() OVER (PARTITION BY c.actor ORDER BY c.next_attempt_at, c.id)
+             AS share
+    FROM candidates c LEFT JOIN leased l ON l.actor = c.actor
+), due AS (
+    SELECT w.id FROM webhook_endpoints w JOIN ranked r ON r.id = w.id
+    WHERE w.deleted_at IS NULL AND w.next_attempt_at <= now()
+      AND (w.lease_until IS NULL OR w.lease_until < now())
+    ORDER BY r.share, r.next_attempt_at, r.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF w SKIP LOCKED
 )
 UPDATE webhook_endpoints w
 SET lease_until = now() + make_interval(secs => %(lease_seconds)s),

@@ -21,6 +21,7 @@ from tests.factories import insert_payment
 from web.events import FeedQuerySchema
 from web.payments import DUE_AT_PATTERN, CreatePaymentSchema, ListQuerySchema
 from web.schemas import PaymentSchema
+from web.webhooks import EndpointListQuerySchema
 
 URL = "/openapi.json"
 #: Served but deliberately not in the document: Prometheus text for the
@@ -114,7 +115,7 @@ def test_create_documents_its_key_money_time_and_answer(client, config):
     (key,) = [p for p in create["parameters"] if p["in"] == "header"]
     assert (key["name"], key["required"]) == ("Idempotency-Key", True)
     assert (key["schema"]["minLength"], key["schema"]["maxLength"]) == (1, 255)
-    assert set(create["responses"]) == {"201", "400", "401", "409", "413", "415"}
+    assert set(create["responses"]) == {"201", "400", "401", "409", "413", "415", "429"}
     headers = create["responses"]["201"]["headers"]
     assert headers["Location"]["required"] is True
     assert headers["Idempotent-Replayed"]["schema"]["enum"] == ["true"]
@@ -175,9 +176,13 @@ def test_a_create_links_to_the_operations_that_take_its_id(client):
 
 _payment_cursor = ListQuerySchema().fields["cursor"]
 _event_cursor = FeedQuerySchema().fields["after"]
+_endpoint_cursor = EndpointListQuerySchema().fields["cursor"]
 
 schemathesis.openapi.format("payment-cursor", st.builds(
     lambda when, payment_id: _payment_cursor.encode((when, payment_id)),
+    st.datetimes(min_value=datetime(1970, 1, 1), timezones=st.just(UTC)), st.uuids()))
+schemathesis.openapi.format("endpoint-cursor", st.builds(
+    lambda when, endpoint_id: _endpoint_cursor.encode((when, endpoint_id)),
     st.datetimes(min_value=datetime(1970, 1, 1), timezones=st.just(UTC)), st.uuids()))
 schemathesis.openapi.format("event-cursor", st.builds(
     lambda txid, event_id: _event_cursor.encode(Position(txid, event_id)),

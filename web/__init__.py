@@ -15,6 +15,7 @@ from paycron.config import Config
 from paycron.db import make_pool, make_redis
 from paycron.gateway_client import build_gateway
 from paycron.observability import init_sentry
+from paycron.rate_limits import ActorRateLimiter
 from web import admin, events, health, metrics, payments, webhooks
 from web.api import Api
 from web.problems import http_problem, register_error_handlers
@@ -39,6 +40,8 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     app.extensions["paycron.redis"] = make_redis(config, timeout=2)
     # Only the admin dead-letter actions ask the gateway, one at a time.
     app.extensions["paycron.gateway"] = build_gateway(config, max_connections=4)
+    app.extensions["paycron.rate_limiter"] = ActorRateLimiter(app.extensions["paycron.redis"],
+                                                              config)
     breaker = CircuitBreaker(app.extensions["paycron.redis"], config)
     register_error_handlers(app)
     app.register_error_handler(QueryCanceled, _statement_cancelled)

@@ -1,7 +1,9 @@
 """Bearer-key authentication: the key's actor is the payer.
 
-Each decorator documents what it enforces (the security requirement and the
-401), so no route can require a key without the document saying so.
+Each decorator documents what it enforces (the security requirement, the
+401 and the 429), so no route can require a key without the document saying
+so. Once the key is known, the request is charged to its actor's rate limit
+(``paycron.rate_limits``); a request without a valid key is charged to no one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from web.problems import PROBLEM_JSON, Problem, ProblemSchema
 _UNAUTHENTICATED = {
     "description": "No bearer key, or an unknown or revoked one (UNAUTHENTICATED).",
     "headers": {"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
+    "content": {PROBLEM_JSON: {"schema": ProblemSchema}},
+}
+_RATE_LIMITED = {
+    "description": "More than API_RATE_LIMIT requests per second from this actor, beyond "
+                   "its API_RATE_BURST (RATE_LIMITED). Other actors are unaffected.",
+    "headers": {"Retry-After": {
+        "required": True, "description": "Whole seconds to wait (at least 1).",
+        "schema": {"type": "integer", "minimum": 1}}},
     "content": {PROBLEM_JSON: {"schema": ProblemSchema}},
 }
 _NOT_ADMIN = {
@@ -35,6 +45,7 @@ def _principal() -> Principal:
         current_app.extensions["paycron.pool"], key.strip())
     if principal is None:
         raise Problem(401, "UNAUTHENTICATED", "the API key is unknown or revoked")
+    current_app.extensions["paycron.rate_limiter"].charge(principal.actor)
     return principal
 
 
@@ -47,7 +58,8 @@ def require_key(view):
         g.principal = _principal()
         return view(*args, **kwargs)
 
-    return Blueprint.doc(security=[{BEARER: []}], responses={401: _UNAUTHENTICATED})(wrapper)
+    return Blueprint.doc(security=[{BEARER: []}], responses={401: _UNAUTHENTICATED,
+                                                                  429: _RATE_LIMITED})(wrapper)
 
 
 def require_admin(view):
@@ -61,4 +73,5 @@ def require_admin(view):
         return view(*args, **kwargs)
 
     return Blueprint.doc(security=[{BEARER: []}],
-                         responses={401: _UNAUTHENTICATED, 404: _NOT_ADMIN})(wrapper)
+                         responses={401: _UNAUTHENTICATED, 404: _NOT_ADMIN,
+                                    429: _RATE_LIMITED})(wrapper)

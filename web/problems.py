@@ -14,8 +14,10 @@ from paycron.errors import (
     DeadLetterActionRefused,
     GatewayError,
     IdempotencyKeyReused,
+    LimitReached,
     NotFound,
     PaycronError,
+    RateLimited,
     ValidationFailed,
 )
 from web.schemas import Answer
@@ -28,6 +30,8 @@ _STATUS_BY_ERROR: list[tuple[type[PaycronError], int]] = [
     (IdempotencyKeyReused, 409),
     (CancelRefused, 409),
     (DeadLetterActionRefused, 409),
+    (LimitReached, 409),
+    (RateLimited, 429),
     (GatewayError, 502),
 ]
 
@@ -141,7 +145,10 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(PaycronError)
     def _domain(error: PaycronError):
         errors = error.messages if isinstance(error, ValidationFailed) else None
-        return problem_response(status_for(error), error.code, str(error), errors)
+        response = problem_response(status_for(error), error.code, str(error), errors)
+        if isinstance(error, RateLimited):
+            response.headers["Retry-After"] = str(error.retry_after)
+        return response
 
     app.register_error_handler(HTTPException, http_problem)
 

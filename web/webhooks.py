@@ -6,6 +6,7 @@ Delivery is the scheduler's relay (``scheduler/relay.py``), not this process.
 
 from __future__ import annotations
 
+from datetime import datetime
 from uuid import UUID
 
 from flask import current_app, g
@@ -16,7 +17,7 @@ from paycron.errors import NotFound, ValidationFailed
 from web.api import Blueprint, links
 from web.auth import require_key
 from web.problems import NOT_JSON, TOO_LARGE, problem
-from web.schemas import Answer, PathId, parse_uuid, unicode_text
+from web.schemas import Answer, Cursor, PathId, parse_uuid, unicode_text
 
 bp = Blueprint("webhooks", __name__, url_prefix="/v1/webhook-endpoints",
                description="Where the caller's events are POSTed, signed.")
@@ -52,8 +53,19 @@ class CreatedWebhookEndpointSchema(WebhookEndpointSchema):
         "description": "The HMAC-SHA256 signing key. Shown in this answer only."})
 
 
+class EndpointListQuerySchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+    limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
+    cursor = Cursor(datetime, UUID, metadata={
+        "format": "endpoint-cursor", "description": "Opaque: the nextCursor of the previous page."})
+
+
 class WebhookEndpointPageSchema(Answer):
     data = fields.List(fields.Nested(WebhookEndpointSchema))
+    next_cursor = Cursor(datetime, UUID, data_key="nextCursor", allow_none=True, metadata={
+        "format": "endpoint-cursor", "description": "Null on the last page."})
 
 
 def _pool():
@@ -70,26 +82,35 @@ def _pool():
 @bp.doc(responses={201: {"links": links("endpoint_id", "webhooks_delete")}})
 @bp.alt_response(400, **problem("Bad JSON, an invalid url, or one whose host does not "
                                 "resolve to public addresses only."))
+@bp.alt_response(409, **problem("The caller already has MAX_WEBHOOK_ENDPOINTS live "
+                                "endpoints (LIMIT_REACHED); nothing was created."))
 @bp.alt_response(413, **TOO_LARGE)
 @bp.alt_response(415, **NOT_JSON)
 def create(url: str):
     """Register a URL the caller's events are POSTed to, signed."""
-    if not current_app.extensions["paycron.config"].webhook_allow_private_hosts:
+    config = current_app.extensions["paycron.config"]
+    if not config.webhook_allow_private_hosts:
         reason = webhooks.forbidden_destination(url)
         if reason:
             raise ValidationFailed({"url": [f"not a public destination: {reason}"]})
     with _pool().connection() as conn:
-        row = webhooks.create_endpoint(conn, actor=g.principal.actor, url=url)
+        row = webhooks.create_endpoint(conn, actor=g.principal.actor, url=url,
+                                       max_endpoints=config.max_webhook_endpoints)
     return row, {"Location": f"{bp.url_prefix}/{row['id']}"}
 
 
 @bp.get("")
 @require_key
-@bp.response(200, WebhookEndpointPageSchema, description="Every endpoint (without secrets).")
-def index():
-    """The caller's webhook endpoints."""
+@bp.arguments(EndpointListQuerySchema(), location="query", as_kwargs=True)
+@bp.response(200, WebhookEndpointPageSchema, description=(
+    "A page of endpoints (without secrets); nextCursor is null on the last one."))
+@bp.alt_response(400, **problem("A bad limit or cursor."))
+def index(limit: int, cursor: tuple | None = None):
+    """The caller's live webhook endpoints, oldest first (keyset pagination)."""
     with _pool().connection() as conn:
-        return {"data": webhooks.list_endpoints(conn, actor=g.principal.actor)}
+        page, next_key = webhooks.list_endpoints(conn, actor=g.principal.actor, limit=limit,
+                                                 after=cursor)
+    return {"data": page, "next_cursor": next_key}
 
 
 @bp.delete("/<endpoint_id>")

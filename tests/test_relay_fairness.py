@@ -1,0 +1,53 @@
+"""The relay's claim is fair across payers (SPEC §14): a payer with N
+webhook endpoints does not get N shares of the relay."""
+
+from __future__ import annotations
+
+import time
+
+from paycron import webhooks
+from tests.factories import insert_event
+
+
+def _endpoints(conn, actor: str, n: int) -> None:
+    for i in range(n):
+        webhooks.create_endpoint(conn, actor=actor, url=f"https://{actor}.example/{i}")
+
+
+def _claim(conn, limit: int) -> list[str]:
+    """The actors of the endpoints one claim leased."""
+    leases = webhooks.claim_endpoints(conn, limit=limit, lease_seconds=30)
+    actor_of = {r["id"]: r["actor"] for r in conn.execute(
+        "SELECT id, actor FROM webhook_endpoints").fetchall()}
+    return sorted(actor_of[lease.endpoint_id] for lease in leases)
+
+
+#: Another session on the shared server may hold the snapshot's xmin back
+#: for a moment (an event below it is not yet sendable): wait up to this long.
+SETTLE_SECONDS = 15.0
+
+
+def _seed(conn) -> None:
+    _endpoints(conn, "big", 4)  # older, so first in a claim ordered by time alone
+    _endpoints(conn, "small", 1)
+    insert_event(conn, payer="big")
+    last = insert_event(conn, payer="small")
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while not conn.execute(
+            "SELECT txid < pg_snapshot_xmin(pg_current_snapshot()) AS sendable"
+            " FROM payment_events WHERE id = %s", (last,)).fetchone()["sendable"]:
+        assert time.monotonic() < deadline, "the events never became sendable"
+        time.sleep(0.02)
+
+
+def test_a_claim_takes_every_payers_first_endpoint_before_anyones_second(conn):
+    _seed(conn)
+    assert _claim(conn, limit=2) == ["big", "small"]
+    assert _claim(conn, limit=10) == ["big"] * 3  # what is left, when no one else waits
+
+
+def test_endpoints_a_payer_already_has_leased_count_against_its_share(conn):
+    """The running relay claims one endpoint whenever a worker frees up:
+    each claim goes to the payer with the fewest leases."""
+    _seed(conn)
+    assert [_claim(conn, limit=1) for _ in range(3)] == [["big"], ["small"], ["big"]]
