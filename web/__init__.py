@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from flask import Flask, current_app
-from psycopg.errors import QueryCanceled
-from werkzeug.exceptions import ServiceUnavailable
+from flask import Flask
 
 from paycron.apikeys import PrincipalCache
 from paycron.breaker import CircuitBreaker
@@ -18,7 +16,7 @@ from paycron.observability import init_sentry
 from paycron.rate_limits import ActorRateLimiter
 from web import admin, events, health, metrics, payments, webhooks
 from web.api import Api
-from web.problems import http_problem, register_error_handlers
+from web.problems import register_error_handlers
 from web.schemas import now_utc
 
 
@@ -44,16 +42,9 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
                                                               config)
     breaker = CircuitBreaker(app.extensions["paycron.redis"], config)
     register_error_handlers(app)
-    app.register_error_handler(QueryCanceled, _statement_cancelled)
     metrics.install(app, breaker=breaker)
     api = Api(app)  # serves GET /openapi.json, generated from the blueprints' schemas
     for blueprint in (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp):
         api.register_blueprint(blueprint)
     return app
 
-
-def _statement_cancelled(error: QueryCanceled):
-    """A statement ran past WEB_STATEMENT_TIMEOUT (or was cancelled): the
-    database is too slow to answer now, which is 503 ``UNAVAILABLE``, not 500."""
-    current_app.logger.warning("statement cancelled: %s", type(error).__name__)
-    return http_problem(ServiceUnavailable("the database did not answer in time; retry later"))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from flask import Flask, jsonify
 from marshmallow import fields
-from werkzeug.exceptions import HTTPException
+from psycopg.errors import QueryCanceled
+from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from paycron.errors import (
     CancelRefused,
@@ -151,6 +152,14 @@ def register_error_handlers(app: Flask) -> None:
         return response
 
     app.register_error_handler(HTTPException, http_problem)
+
+    @app.errorhandler(QueryCanceled)
+    def _statement_cancelled(error: QueryCanceled):
+        # Past WEB_STATEMENT_TIMEOUT (or cancelled): the database is too slow
+        # to answer now, which is 503, not 500.
+        app.logger.warning("statement cancelled: %s", type(error).__name__)
+        return http_problem(ServiceUnavailable("the database did not answer in time; "
+                                               "retry later"))
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception):
