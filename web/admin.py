@@ -9,14 +9,14 @@ from __future__ import annotations
 from uuid import UUID
 
 from flask import current_app, g
-from marshmallow import RAISE, Schema, fields, validate
+from marshmallow import Schema, fields, validate
 
 from paycron import dead_letters
 from paycron.ids import parse_payment_id
 from web.api import Blueprint
 from web.auth import require_admin
 from web.problems import NOT_JSON, TOO_LARGE, problem
-from web.schemas import NO_NUL, Answer, PathId, PaymentSchema, unicode_text
+from web.schemas import NO_NUL, Answer, PathId, PaymentSchema, Strict, unicode_text
 
 bp = Blueprint("admin", __name__, url_prefix="/v1/admin/dead-letters",
                description="Dead letters: list, show, re-drive, refund, dismiss (admin).")
@@ -27,19 +27,13 @@ class LetterPath(Schema):
         "description": "The id of a payment that was parked (UUIDv7)."})
 
 
-class DeadLetterQuery(Schema):
-    class Meta:
-        unknown = RAISE
-
+class DeadLetterQuery(Strict):
     limit = fields.Integer(load_default=100, validate=validate.Range(
         min=1, max=1000, error="an integer from 1 to 1000"), error_messages={
         "invalid": "an integer from 1 to 1000"})
 
 
-class DismissSchema(Schema):
-    class Meta:
-        unknown = RAISE
-
+class DismissSchema(Strict):
     note = fields.String(load_default=None, validate=[
         validate.Length(max=1000), unicode_text,
         validate.Regexp(NO_NUL, error="note must not contain U+0000")])

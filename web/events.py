@@ -7,7 +7,7 @@ returned, or the given one when nothing is new, so a client polls with it.
 from __future__ import annotations
 
 from flask import current_app, g
-from marshmallow import RAISE, Schema, fields, validate
+from marshmallow import fields, validate
 
 from paycron import events
 from paycron.enums import Status
@@ -15,7 +15,7 @@ from paycron.events import Position
 from web.api import Blueprint
 from web.auth import require_key
 from web.problems import problem
-from web.schemas import Answer, Cursor
+from web.schemas import Answer, Cursor, Strict
 
 bp = Blueprint("events", __name__, url_prefix="/v1/events",
                description="The caller's payment events, as a resumable feed.")
@@ -29,10 +29,7 @@ def _cursor(**kwargs) -> Cursor:
     return Cursor(int, int, into=Position, **kwargs)
 
 
-class FeedQuerySchema(Schema):
-    class Meta:
-        unknown = RAISE
-
+class FeedQuerySchema(Strict):
     after = _cursor(metadata={
         "format": "event-cursor",
         "description": "Opaque: a nextCursor this feed returned; absent = from the start."})

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from flask import current_app, g
-from marshmallow import RAISE, Schema, ValidationError, fields, post_load, validate, validates
+from marshmallow import Schema, ValidationError, fields, post_load, validate, validates
 
 from paycron import payments, transitions
 from paycron.config import Config
@@ -37,6 +37,7 @@ from web.schemas import (
     PathId,
     PaymentSchema,
     PaymentSummarySchema,
+    Strict,
     unicode_text,
 )
 
@@ -51,13 +52,10 @@ DUE_AT_PATTERN = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-5][0-9](\.[
 CREATE_PAYMENT = "CreatePayment"
 
 
-class CreatePaymentSchema(Schema):
+class CreatePaymentSchema(Strict):
     """The create body, loaded into a :class:`NewPayment`. The limits that are
     settings come from the config it is built with, so an app's schema both
     checks them and states them in its document."""
-
-    class Meta:
-        unknown = RAISE  # mass assignment: payer, status, ... are not the client's
 
     payee = fields.String(
         required=True,
@@ -126,10 +124,7 @@ class PaymentPath(Schema):
         "description": "A payment id (UUIDv7). Another payer's payment is 404, never 403."})
 
 
-class ListQuerySchema(Schema):
-    class Meta:
-        unknown = RAISE
-
+class ListQuerySchema(Strict):
     status = fields.String(validate=validate.OneOf([s.value for s in Status]))
     limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
     cursor = Cursor(datetime, UUID, metadata={

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from marshmallow import Schema, ValidationError, fields
+from marshmallow import RAISE, Schema, ValidationError, fields
 
 from paycron.enums import FailureReason, Outcome, Status
 from paycron.errors import NotFound
@@ -35,6 +35,15 @@ def unicode_text(value: str) -> None:
     except UnicodeEncodeError:
         raise ValidationError(
             "must be valid Unicode text: no unpaired surrogate (U+D800 to U+DFFF)") from None
+
+
+class Strict(Schema):
+    """A request's body, query or headers: a field the schema does not name
+    is refused, never ignored (mass assignment: payer, status, ... are not
+    the client's to set)."""
+
+    class Meta:
+        unknown = RAISE
 
 
 class Answer(Schema):

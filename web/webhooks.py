@@ -10,14 +10,14 @@ from datetime import datetime
 from uuid import UUID
 
 from flask import current_app, g
-from marshmallow import RAISE, Schema, fields, validate
+from marshmallow import Schema, fields, validate
 
 from paycron import webhooks
 from paycron.errors import NotFound, ValidationFailed
 from web.api import Blueprint, links
 from web.auth import require_key
 from web.problems import NOT_JSON, TOO_LARGE, problem
-from web.schemas import Answer, Cursor, PathId, parse_uuid, unicode_text
+from web.schemas import Answer, Cursor, PathId, Strict, parse_uuid, unicode_text
 
 bp = Blueprint("webhooks", __name__, url_prefix="/v1/webhook-endpoints",
                description="Where the caller's events are POSTed, signed.")
@@ -26,10 +26,7 @@ bp = Blueprint("webhooks", __name__, url_prefix="/v1/webhook-endpoints",
 MAX_URL_LENGTH = 2048
 
 
-class CreateEndpointSchema(Schema):
-    class Meta:
-        unknown = RAISE
-
+class CreateEndpointSchema(Strict):
     # require_tld=False: an internal host name or an IP address is a valid receiver.
     url = fields.Url(required=True, schemes={"http", "https"}, require_tld=False,
                      validate=[validate.Length(max=MAX_URL_LENGTH), unicode_text])
@@ -53,10 +50,7 @@ class CreatedWebhookEndpointSchema(WebhookEndpointSchema):
         "description": "The HMAC-SHA256 signing key. Shown in this answer only."})
 
 
-class EndpointListQuerySchema(Schema):
-    class Meta:
-        unknown = RAISE
-
+class EndpointListQuerySchema(Strict):
     limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
     cursor = Cursor(datetime, UUID, metadata={
         "format": "endpoint-cursor", "description": "Opaque: the nextCursor of the previous page."})
