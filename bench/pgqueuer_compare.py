@@ -44,8 +44,10 @@ from bench.harness import (
     System,
     cpu_seconds,
     max_charges_per_key,
+    postgres_cpu_seconds,
     private_database,
     settled_counts,
+    sustained_rate,
     wait_until_settled,
 )
 from bench.throughput import SETTINGS, run_baseline, run_paycron
@@ -184,10 +186,11 @@ def insert_payments(conn, n: int) -> list[bytes]:
 
 def run_pgqueuer(database_url: str, n: int, *, worker_args: list[str], processes: int,
                  env: dict[str, str] | None = None, faults: dict | None = None,
-                 tick: float = 0.5) -> dict:
+                 warmup: int = 0, tick: float = 0.5) -> dict:
     """``processes`` pgqueuer workers (``python <worker_args>``) drain ``n``
-    jobs against a fake gateway with ``faults``; the rate and the CPU they
-    and the gateway spent meanwhile."""
+    jobs against a fake gateway with ``faults`` (after ``warmup`` jobs,
+    untimed); the rate, and the CPU the workers, their Postgres backends and
+    the gateway spent meanwhile."""
     asyncio.run(install_pgqueuer(database_url))
     system = System(database_url, SETTINGS)
     try:
@@ -195,25 +198,32 @@ def run_pgqueuer(database_url: str, n: int, *, worker_args: list[str], processes
         for i in range(processes):
             system.procs.start(f"pgqueuer-{i}", worker_args, env=env)
         with connect(system.config()) as conn:
-            payloads = insert_payments(conn, n)
             time.sleep(3)  # the workers are up and listening, as paycron's are
             for proc in system.procs.procs:
                 if proc.poll() is not None:
                     raise RuntimeError(f"a pgqueuer worker exited; see {system.logdir}")
+            if warmup:
+                asyncio.run(enqueue(database_url, insert_payments(conn, warmup)))
+                wait_until_settled(conn, warmup, timeout=120, tick=tick)
+            payloads = insert_payments(conn, n)
             gateway_proc, *workers = system.procs.procs
             enqueue_seconds = asyncio.run(enqueue(database_url, payloads))
-            cpu_before = cpu_seconds(workers), cpu_seconds([gateway_proc])
+            mark = conn.execute("SELECT now() AS t").fetchone()["t"]
+            cpu_before = (cpu_seconds(workers), cpu_seconds([gateway_proc]),
+                          postgres_cpu_seconds(database_url))
             seconds = wait_until_settled(conn, n, timeout=600, tick=tick)
             cpu = cpu_seconds(workers) - cpu_before[0]
             gateway_cpu = cpu_seconds([gateway_proc]) - cpu_before[1]
-            completed = settled_counts(conn)["completed"]
+            postgres_cpu = postgres_cpu_seconds(database_url) - cpu_before[2]
+            completed = settled_counts(conn)["completed"] - warmup
+            sustained = sustained_rate(conn, mark)
         ledger = system.ledger()
     finally:
         system.stop()
-    return {"seconds": seconds, "per_second": n / seconds, "completed": completed,
-            "enqueue_seconds": enqueue_seconds, "charges": len(ledger),
-            "max_charges_per_key": max_charges_per_key(ledger), "cpu": cpu,
-            "gateway_cpu": gateway_cpu}
+    return {"seconds": seconds, "per_second": n / seconds, "sustained": sustained,
+            "completed": completed, "enqueue_seconds": enqueue_seconds,
+            "charges": len(ledger) - warmup, "max_charges_per_key": max_charges_per_key(ledger),
+            "cpu": cpu, "gateway_cpu": gateway_cpu, "postgres_cpu": postgres_cpu}
 
 
 def main() -> None:
