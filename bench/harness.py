@@ -151,12 +151,52 @@ def cpu_seconds(procs) -> float:
     return total
 
 
-def in_flight(conn) -> dict:
-    """Gateway calls in flight over the run, from the attempt rows' start and
-    finish times: the most at once, and the mean while any was."""
+def postgres_cpu_seconds(database_url: str) -> float:
+    """User + system CPU of the Postgres backends now serving this database
+    (a backend's process title names its database); one that has exited is
+    no longer counted, so take both readings while the system runs."""
+    needle = f" {psycopg.conninfo.conninfo_to_dict(database_url)['dbname']} ".encode()
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            title = (proc / "cmdline").read_bytes()
+            if not title.startswith(b"postgres: ") or needle not in title:
+                continue
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def quiet_load(max_load: float = 1.5, *, timeout: float = 600.0) -> float:
+    """Wait until the machine's 1-minute load is at most ``max_load`` (other
+    work, or the previous phase of this benchmark, has calmed down), at most
+    ``timeout`` seconds; the load then, for the report."""
+    deadline = time.monotonic() + timeout
+    while os.getloadavg()[0] > max_load and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
+def sustained_rate(conn, since: datetime) -> float:
+    """Payments per second between the first and the last outcome written at
+    or after ``since`` (a drain's pace, without the wait for its first call)."""
+    row = conn.execute(
+        "SELECT count(*) AS n, extract(epoch FROM max(finished_at) - min(finished_at)) AS span"
+        " FROM attempts WHERE finished_at >= %s", (since,)).fetchone()
+    return (row["n"] - 1) / float(row["span"]) if row["n"] > 1 and row["span"] else 0.0
+
+
+def in_flight(conn, since: datetime = ALL_TIME) -> dict:
+    """Gateway calls in flight over the run (calls started at or after
+    ``since``), from the attempt rows' start and finish times: the most at
+    once, and the mean while any was."""
     rows = conn.execute(
         "SELECT started_at, finished_at FROM attempts WHERE finished_at IS NOT NULL"
-        " AND outcome NOT IN ('RECONCILED', 'FOUND_BY_LOOKUP', 'NOT_SENT')").fetchall()
+        " AND started_at >= %s"
+        " AND outcome NOT IN ('RECONCILED', 'FOUND_BY_LOOKUP', 'NOT_SENT')", (since,)).fetchall()
     if not rows:
         return {"max": 0, "mean": 0.0}
     edges = sorted([(r["started_at"], 1) for r in rows] + [(r["finished_at"], -1) for r in rows])

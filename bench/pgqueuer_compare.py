@@ -42,9 +42,12 @@ import psycopg
 
 from bench.harness import (
     System,
+    cpu_seconds,
     max_charges_per_key,
+    postgres_cpu_seconds,
     private_database,
     settled_counts,
+    sustained_rate,
     wait_until_settled,
 )
 from bench.throughput import SETTINGS, run_baseline, run_paycron
@@ -72,7 +75,7 @@ WHERE id = %(id)s AND due_at = %(due_at)s AND status = 'PENDING'
 # The pgqueuer worker: `python -m bench.pgqueuer_compare --worker`
 
 
-def _asyncpg_params(url: str) -> dict:
+def asyncpg_params(url: str) -> dict:
     info = psycopg.conninfo.conninfo_to_dict(url)
     return {"host": info.get("host"), "port": int(info.get("port") or 5432),
             "user": info.get("user"), "password": info.get("password"),
@@ -96,7 +99,7 @@ async def factory() -> AsyncIterator[object]:
     if os.environ.get("PGQ_BENCH_DRIVER", "asyncpg") == "asyncpg":
         import asyncpg
 
-        connection = await asyncpg.connect(**_asyncpg_params(config.database_url))
+        connection = await asyncpg.connect(**asyncpg_params(config.database_url))
         pgq = PgQueuer.from_asyncpg_connection(connection)
     else:
         connection = await psycopg.AsyncConnection.connect(config.database_url,
@@ -147,14 +150,14 @@ def run_worker(batch: int, max_tasks: int) -> None:
 # The driver
 
 
-async def _install_pgqueuer(url: str) -> None:
+async def install_pgqueuer(url: str) -> None:
     from pgqueuer.queries import Queries
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await Queries.from_psycopg_connection(conn).install()
 
 
-async def _enqueue(url: str, payloads: list[bytes]) -> float:
+async def enqueue(url: str, payloads: list[bytes]) -> float:
     """One batch enqueue of every job (one statement); its duration."""
     from pgqueuer.queries import Queries
 
@@ -165,7 +168,7 @@ async def _enqueue(url: str, payloads: list[bytes]) -> float:
         return time.monotonic() - started
 
 
-def _insert_payments(conn, n: int) -> list[bytes]:
+def insert_payments(conn, n: int) -> list[bytes]:
     """``n`` PENDING payments due just now, by COPY; one job payload each."""
     due_at = datetime.now(UTC) - timedelta(seconds=2)
     payloads = []
@@ -181,32 +184,46 @@ def _insert_payments(conn, n: int) -> list[bytes]:
     return payloads
 
 
-def run_pgqueuer(database_url: str, n: int, *, processes: int, threads: int, batch: int,
-                 max_tasks: int, driver: str) -> dict:
-    asyncio.run(_install_pgqueuer(database_url))
+def run_pgqueuer(database_url: str, n: int, *, worker_args: list[str], processes: int,
+                 env: dict[str, str] | None = None, faults: dict | None = None,
+                 warmup: int = 0, tick: float = 0.5) -> dict:
+    """``processes`` pgqueuer workers (``python <worker_args>``) drain ``n``
+    jobs against a fake gateway with ``faults`` (after ``warmup`` jobs,
+    untimed); the rate, and the CPU the workers, their Postgres backends and
+    the gateway spent meanwhile."""
+    asyncio.run(install_pgqueuer(database_url))
     system = System(database_url, SETTINGS)
     try:
-        system.start_gateway()
-        args = ["-m", "bench.pgqueuer_compare", "--worker", "--pgq-batch", str(batch),
-                "--pgq-max-tasks", str(max_tasks)]
+        system.start_gateway(**(faults or {}))
         for i in range(processes):
-            system.procs.start(f"pgqueuer-{i}", args, env={"PGQ_BENCH_THREADS": str(threads),
-                                                          "PGQ_BENCH_DRIVER": driver})
+            system.procs.start(f"pgqueuer-{i}", worker_args, env=env)
         with connect(system.config()) as conn:
-            payloads = _insert_payments(conn, n)
             time.sleep(3)  # the workers are up and listening, as paycron's are
             for proc in system.procs.procs:
                 if proc.poll() is not None:
                     raise RuntimeError(f"a pgqueuer worker exited; see {system.logdir}")
-            enqueue_seconds = asyncio.run(_enqueue(database_url, payloads))
-            seconds = wait_until_settled(conn, n, timeout=600)
-            completed = settled_counts(conn)["completed"]
+            if warmup:
+                asyncio.run(enqueue(database_url, insert_payments(conn, warmup)))
+                wait_until_settled(conn, warmup, timeout=120, tick=tick)
+            payloads = insert_payments(conn, n)
+            gateway_proc, *workers = system.procs.procs
+            enqueue_seconds = asyncio.run(enqueue(database_url, payloads))
+            mark = conn.execute("SELECT now() AS t").fetchone()["t"]
+            cpu_before = (cpu_seconds(workers), cpu_seconds([gateway_proc]),
+                          postgres_cpu_seconds(database_url))
+            seconds = wait_until_settled(conn, n, timeout=600, tick=tick)
+            cpu = cpu_seconds(workers) - cpu_before[0]
+            gateway_cpu = cpu_seconds([gateway_proc]) - cpu_before[1]
+            postgres_cpu = postgres_cpu_seconds(database_url) - cpu_before[2]
+            completed = settled_counts(conn)["completed"] - warmup
+            sustained = sustained_rate(conn, mark)
         ledger = system.ledger()
     finally:
         system.stop()
-    return {"seconds": seconds, "per_second": n / seconds, "completed": completed,
-            "enqueue_seconds": enqueue_seconds, "charges": len(ledger),
-            "max_charges_per_key": max_charges_per_key(ledger)}
+    return {"seconds": seconds, "per_second": n / seconds, "sustained": sustained,
+            "completed": completed, "enqueue_seconds": enqueue_seconds,
+            "charges": len(ledger) - warmup, "max_charges_per_key": max_charges_per_key(ledger),
+            "cpu": cpu, "gateway_cpu": gateway_cpu, "postgres_cpu": postgres_cpu}
 
 
 def main() -> None:
@@ -237,9 +254,12 @@ def main() -> None:
                                  worker_threads=args.worker_threads)
             baseline = run_baseline(url, args.payments)
     with private_database() as url:
-        pgq = run_pgqueuer(url, args.payments, processes=args.pgq_processes,
-                           threads=args.pgq_threads, batch=args.pgq_batch,
-                           max_tasks=args.pgq_max_tasks, driver=args.pgq_driver)
+        worker = ["-m", "bench.pgqueuer_compare", "--worker", "--pgq-batch",
+                  str(args.pgq_batch), "--pgq-max-tasks", str(args.pgq_max_tasks)]
+        pgq = run_pgqueuer(url, args.payments, worker_args=worker,
+                           processes=args.pgq_processes,
+                           env={"PGQ_BENCH_THREADS": str(args.pgq_threads),
+                                "PGQ_BENCH_DRIVER": args.pgq_driver})
     from importlib.metadata import version
 
     print(f"payments: {args.payments}, instant gateway, rate limit out of the way")

@@ -6,18 +6,20 @@ lease expirations. Target: p99 <= 5 s.
 The engine runs with every setting at its default (GATEWAY_RATE_LIMIT 100,
 SWEEP_INTERVAL_SECONDS 2, CLAIM_BATCH 100, LEASE_SECONDS 120, ...) and the
 Procfile's process shapes (one scheduler; ``dramatiq tasks --processes 2
---threads 8``); the fake gateway has no faults and its ceiling at the rate
-limit. ``--rate`` payments fall due every second (default 50, half the
-ceiling), due times spread evenly inside each second, for ``--minutes``
-(default 5). Every row is written ahead of time, by COPY, before the first
-one falls due.
+--threads 8``); the fake gateway has its ceiling at the rate limit and
+answers at once, or with ``--latency-ms`` after a real processor's latency
+(lognormal around that median, p99 twice it: bench.latency's shape).
+``--rate`` payments fall due every second (default 50, half the ceiling),
+due times spread evenly inside each second, for ``--minutes`` (default 3).
+Every row is written ahead of time, by COPY, before the first one falls due.
 
-    python -m bench.steady_state [--minutes 5] [--rate 50]
+    python -m bench.steady_state [--minutes 3] [--rate 50] [--latency-ms 300]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -25,11 +27,13 @@ from datetime import UTC, datetime, timedelta
 from bench.harness import (
     ALL_TIME,
     System,
+    cpu_seconds,
     max_charges_per_key,
     private_database,
     settled_counts,
     wait_until_settled,
 )
+from bench.latency import latency_faults
 from paycron.config import Config
 from paycron.db import connect
 from paycron.ids import new_payment_id
@@ -77,11 +81,13 @@ def insert_inflow(conn, start: datetime, total: int, rate: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--rate", type=int, default=None,
                         help="payments falling due per second (default: half the ceiling)")
     parser.add_argument("--lead-seconds", type=float, default=15.0,
                         help="how far ahead of the first due time the rows are written")
+    parser.add_argument("--latency-ms", type=int, default=0,
+                        help="median gateway latency, lognormal (default 0: instant)")
     args = parser.parse_args()
     defaults = Config()
     ceiling = defaults.gateway_rate_limit
@@ -89,9 +95,11 @@ def main() -> None:
     total = int(rate * args.minutes * 60)
     with private_database() as url:
         # No settings: every engine setting at its default.
-        system = System(url, {}, worker_processes=2, worker_threads=8)
+        system = System(url, {}, worker_processes=None, worker_threads=None)  # the Procfile's
+        loadavg = os.getloadavg()[0]
         try:
-            system.start_gateway(rate_limit_per_s=ceiling)
+            latency = latency_faults(args.latency_ms) if args.latency_ms else {}
+            system.start_gateway(rate_limit_per_s=ceiling, **latency)
             system.start_engine()
             start = (datetime.now(UTC) + timedelta(seconds=args.lead_seconds)).replace(
                 microsecond=0)
@@ -99,6 +107,8 @@ def main() -> None:
             with connect(system.config()) as conn:
                 insert_inflow(conn, start, total, rate)
                 conn.execute("ANALYZE payments")
+                gateway_proc, *engine_procs = system.procs.procs
+                cpu_before = cpu_seconds(engine_procs)
                 print(f"{total} payments written, {rate}/s due from {start:%H:%M:%S} to "
                       f"{end:%H:%M:%S} UTC", file=sys.stderr, flush=True)
                 while datetime.now(UTC) < end:
@@ -109,6 +119,7 @@ def main() -> None:
                           file=sys.stderr, flush=True)
                 tail = wait_until_settled(conn, total, timeout=600,
                                           until=end + timedelta(seconds=1))
+                cpu = cpu_seconds(engine_procs) - cpu_before
                 late = lateness(conn, since=ALL_TIME)
                 by_minute = conn.execute(QUERIES["lateness_by_minute"],
                                          {"start": start}).fetchall()
@@ -123,7 +134,9 @@ def main() -> None:
     print(f"steady inflow: {rate} payments/s due for {args.minutes:g} min ({total} payments), "
           f"gateway ceiling {ceiling}/s, default engine settings "
           f"(sweep {defaults.sweep_interval_seconds:g} s, claim batch {defaults.claim_batch}, "
-          f"lease {defaults.lease_seconds:g} s), 1 scheduler, 2 worker processes x 8 threads")
+          f"lease {defaults.lease_seconds:g} s), the Procfile's scheduler and workers; gateway "
+          + (f"~{args.latency_ms} ms (lognormal, p99 {2 * args.latency_ms} ms)"
+             if args.latency_ms else "instant") + f"; load {loadavg:.2f} at start")
     print(f"lateness p50 / p99 / max : {late['p50']:.2f} / {late['p99']:.2f} / "
           f"{late['max']:.2f} s over {late['n']} first attempts   (target p99 <= 5 s: "
           f"{'met' if late['p99'] <= 5 else 'MISSED'})")
@@ -136,6 +149,8 @@ def main() -> None:
           f"{expiries} payments")
     print(f"outcome                  : {statuses}; settled {tail:.1f} s after the last due "
           f"time; gateway charges {len(ledger)}, max per key {max_charges_per_key(ledger)}")
+    print(f"CPU per payment          : {1000 * cpu / total:.2f} ms in the engine (scheduler + "
+          f"workers, over the whole inflow)")
 
 
 if __name__ == "__main__":

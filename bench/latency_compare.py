@@ -1,0 +1,242 @@
+"""The uncapped rate at a real processor's latency: paycron beside pgqueuer
+used asynchronously, same gateway settings, same run (issue 10, SPEC §13).
+
+N payments due now; the fake gateway answers after a lognormal latency
+around the median (bench.latency's shape: p99 twice the median) with no
+ceiling of its own. paycron runs the Procfile as shipped with every setting
+at its default except GATEWAY_RATE_LIMIT, set high enough never to bind.
+pgqueuer runs as its users would write it at this latency: one process, an
+``async def`` job making the call with an aiohttp ``ClientSession``
+(``POST /v1/charges``, ``Idempotency-Key`` = payment id, a connector as
+wide as the tasks) and the two writes of bench.pgqueuer_compare (the
+SUCCEEDED attempt row and the payment's CAS, one statement) on the asyncpg
+pool pgqueuer itself runs on, ``max_concurrent_tasks=200``.
+
+Each side first drains ``--warmup`` payments, untimed, so both start with
+their connections made (paycron's workers build their pools on the first
+message; pgqueuer's factory before its first job). Then both are timed from
+the moment the work is due (payments for paycron, the committed enqueue for
+pgqueuer) until every payment is terminal in Postgres, and also between the
+first and the last outcome written (the pace, without paycron's wait for its
+sweeper's next poll). CPU per payment is user + system time over that window
+of the engine's processes (paycron: scheduler and workers; pgqueuer: its
+worker) and of their Postgres backends, the fake gateway's apart. Each
+phase waits for the machine's 1-minute load to fall to ``--max-load``.
+Target: paycron >= 1.5 x pgqueuer.
+
+    python -m bench.latency_compare [--payments 6000] [--latency-ms 300]
+        [--warmup 200] [--pgq-max-tasks 200] [--pgq-batch 10] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import statistics
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+from bench.harness import (
+    System,
+    cpu_seconds,
+    in_flight,
+    max_charges_per_key,
+    postgres_cpu_seconds,
+    private_database,
+    quiet_load,
+    settled_counts,
+    sustained_rate,
+    wait_until_settled,
+)
+from bench.latency import latency_faults
+from bench.pgqueuer_compare import ATTEMPT_AND_CAS, ENTRYPOINT, asyncpg_params, run_pgqueuer
+from devtools.factories import bulk_insert
+from paycron.config import Config
+from paycron.db import connect
+
+#: High enough that paycron's shared call window never binds.
+UNCAPPED_RATE_LIMIT = 100_000
+#: bench.pgqueuer_compare's statement with asyncpg's positional parameters.
+ATTEMPT_AND_CAS_ASYNCPG = (ATTEMPT_AND_CAS.replace("%(id)s", "$1::uuid")
+                           .replace("%(due_at)s", "$2::timestamptz")
+                           .replace("%(ref)s", "$3::text").replace("%(worker)s", "$4::text"))
+
+
+# --------------------------------------------------------------------------
+# The pgqueuer worker: `python -m bench.latency_compare --worker`
+
+
+@contextlib.asynccontextmanager
+async def async_factory(max_tasks: int) -> AsyncIterator[object]:
+    """pgqueuer's factory: a PgQueuer over an asyncpg pool whose charge job
+    is a coroutine from end to end (aiohttp call, asyncpg write)."""
+    import aiohttp
+    import asyncpg
+    from pgqueuer import PgQueuer
+    from pgqueuer.models import Job
+
+    from paycron.transitions import worker_name
+
+    config = Config.from_env()
+    pool = await asyncpg.create_pool(**asyncpg_params(config.database_url))
+    pgq = PgQueuer.from_asyncpg_pool(pool)
+    # aiohttp's connector holds 100 connections by default: as wide as the
+    # tasks instead, or the connector, not pgqueuer, would bound what is in flight.
+    session = aiohttp.ClientSession(
+        base_url=config.gateway_url, connector=aiohttp.TCPConnector(limit=max_tasks),
+        timeout=aiohttp.ClientTimeout(total=config.gateway_timeout_seconds))
+    worker = worker_name()
+
+    @pgq.entrypoint(ENTRYPOINT)
+    async def charge_payment(job: Job) -> None:
+        text_id, due, amount = job.payload.decode().split(",")
+        async with session.post(
+                "/v1/charges", headers={"Idempotency-Key": text_id},
+                json={"amount": int(amount), "currency": "USD", "reference": text_id},
+        ) as response:
+            if response.status not in (200, 201):
+                raise RuntimeError(f"gateway answered {response.status} for {text_id}")
+            charge = await response.json()
+        await pool.execute(ATTEMPT_AND_CAS_ASYNCPG, uuid.UUID(text_id),
+                           datetime.fromisoformat(due), charge["id"], worker)
+
+    try:
+        yield pgq
+    finally:
+        await session.close()
+        await pool.close()
+
+
+def run_worker(batch: int, max_tasks: int) -> None:
+    """One pgqueuer worker process as `pgq run` starts it (uvloop, signal
+    handlers, supervisor); see bench.pgqueuer_compare.run_worker."""
+    import uvloop
+    from pgqueuer import run
+
+    uvloop.run(run(functools.partial(async_factory, max_tasks), batch_size=batch,
+                   dequeue_timeout=timedelta(seconds=1), max_concurrent_tasks=max_tasks))
+
+
+# --------------------------------------------------------------------------
+# The driver
+
+
+def run_paycron(database_url: str, n: int, median_ms: int, *, warmup: int,
+                lead_seconds: float = 8.0) -> dict:
+    """The Procfile as shipped, only GATEWAY_RATE_LIMIT set (out of the way);
+    ``warmup`` payments first (untimed), then ``n`` due at one second."""
+    system = System(database_url, {"GATEWAY_RATE_LIMIT": str(UNCAPPED_RATE_LIMIT)},
+                    worker_processes=None, worker_threads=None)  # the Procfile's
+    try:
+        system.start_gateway(**latency_faults(median_ms))
+        system.start_engine()
+        with connect(system.config()) as conn:
+            if warmup:
+                bulk_insert(conn, warmup)
+                wait_until_settled(conn, warmup, timeout=120, tick=0.1)
+            due = (datetime.now(UTC) + timedelta(seconds=lead_seconds)).replace(microsecond=0)
+            bulk_insert(conn, n, due_at=due)
+            time.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()))
+            gateway_proc, *engine_procs = system.procs.procs
+            cpu_before = (cpu_seconds(engine_procs), cpu_seconds([gateway_proc]),
+                          postgres_cpu_seconds(database_url))
+            seconds = wait_until_settled(conn, n, timeout=600, tick=0.1)
+            cpu = cpu_seconds(engine_procs) - cpu_before[0]
+            gateway_cpu = cpu_seconds([gateway_proc]) - cpu_before[1]
+            postgres_cpu = postgres_cpu_seconds(database_url) - cpu_before[2]
+            counts = settled_counts(conn)
+            flight = in_flight(conn, since=due)
+            sustained = sustained_rate(conn, due)
+        ledger = system.ledger()
+    finally:
+        system.stop()
+    return {"seconds": seconds, "per_second": n / seconds, "sustained": sustained,
+            "completed": counts["completed"] - warmup, "lease_expired": counts["lease_expired"],
+            "in_flight": flight, "cpu": cpu, "gateway_cpu": gateway_cpu,
+            "postgres_cpu": postgres_cpu, "charges": len(ledger) - warmup,
+            "max_charges_per_key": max_charges_per_key(ledger)}
+
+
+def run_pgqueuer_async(database_url: str, n: int, median_ms: int, *, warmup: int, batch: int,
+                       max_tasks: int) -> dict:
+    worker = ["-m", "bench.latency_compare", "--worker", "--pgq-batch", str(batch),
+              "--pgq-max-tasks", str(max_tasks)]
+    return run_pgqueuer(database_url, n, worker_args=worker, processes=1,
+                        faults=latency_faults(median_ms), warmup=warmup, tick=0.1)
+
+
+def report(name: str, r: dict, n: int, load: float, detail: str) -> None:
+    print(f"  {name:<16}: {r['per_second']:5.0f} payments/s due -> all terminal "
+          f"({r['seconds']:.1f} s), {r['sustained']:5.0f}/s first -> last outcome; "
+          f"load {load:.2f} at start")
+    print(f"  {'':<16}  CPU per payment {1000 * r['cpu'] / n:.2f} ms in the engine, "
+          f"{1000 * r['postgres_cpu'] / n:.2f} ms in its Postgres backends (the fake gateway "
+          f"{1000 * r['gateway_cpu'] / n:.2f} ms)")
+    print(f"  {'':<16}  completed {r['completed']}, charges {r['charges']}, max per key "
+          f"{r['max_charges_per_key']}; {detail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--payments", type=int, default=6000)
+    parser.add_argument("--latency-ms", type=int, default=300, help="median gateway latency")
+    parser.add_argument("--warmup", type=int, default=200,
+                        help="payments each side drains first, untimed (connections made)")
+    parser.add_argument("--pgq-max-tasks", type=int, default=200)
+    parser.add_argument("--pgq-batch", type=int, default=10,
+                        help="pgqueuer's batch size (default: `pgq run`'s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="pairs of runs (paycron, then pgqueuer); the ratio of medians")
+    parser.add_argument("--max-load", type=float, default=1.5,
+                        help="each phase waits (up to 10 min) for the 1-minute load to fall "
+                             "to this")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        run_worker(args.pgq_batch, args.pgq_max_tasks)
+        return
+    n, median, warmup = args.payments, args.latency_ms, args.warmup
+    from importlib.metadata import version
+
+    print(f"{n} payments due now (after {warmup} untimed), fake gateway ~{median} ms "
+          f"(lognormal, p99 {2 * median} ms), no ceiling")
+    print(f"  paycron : the Procfile as shipped, GATEWAY_RATE_LIMIT={UNCAPPED_RATE_LIMIT}, "
+          f"every other setting at its default")
+    print(f"  pgqueuer: {version('pgqueuer')}, async job (aiohttp {version('aiohttp')} + "
+          f"asyncpg pool), {args.pgq_max_tasks} tasks, batch {args.pgq_batch}, one process")
+    rates: dict[str, list[float]] = {"paycron": [], "pgqueuer": []}
+    for i in range(args.rounds):
+        print(f"round {i + 1}")
+        load = quiet_load(args.max_load)
+        with private_database() as url:
+            engine = run_paycron(url, n, median, warmup=warmup)
+        flight = engine["in_flight"]
+        report("paycron", engine, n, load,
+               f"calls in flight max {flight['max']}, mean {flight['mean']:.0f}; lease "
+               f"expirations {engine['lease_expired']}")
+        load = quiet_load(args.max_load)
+        with private_database() as url:
+            pgq = run_pgqueuer_async(url, n, median, warmup=warmup, batch=args.pgq_batch,
+                                     max_tasks=args.pgq_max_tasks)
+        report("pgqueuer (async)", pgq, n, load,
+               f"enqueue {pgq['enqueue_seconds']:.2f} s, untimed")
+        engine_total = engine["cpu"] + engine["postgres_cpu"]
+        pgq_total = pgq["cpu"] + pgq["postgres_cpu"]
+        print(f"  ratio paycron / pgqueuer: {engine['per_second'] / pgq['per_second']:.2f} "
+              f"due -> terminal, {engine['sustained'] / pgq['sustained']:.2f} sustained "
+              f"(target >= 1.5); CPU per payment {engine['cpu'] / pgq['cpu']:.2f}x in the "
+              f"engine, {engine_total / pgq_total:.2f}x with Postgres")
+        rates["paycron"].append(engine["per_second"])
+        rates["pgqueuer"].append(pgq["per_second"])
+    if args.rounds > 1:
+        paycron = statistics.median(rates["paycron"])
+        pgq_rate = statistics.median(rates["pgqueuer"])
+        print(f"median of {args.rounds} (due -> terminal): paycron {paycron:.0f}/s, pgqueuer "
+              f"{pgq_rate:.0f}/s, ratio {paycron / pgq_rate:.2f}")
+
+
+if __name__ == "__main__":
+    main()
