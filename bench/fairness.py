@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from bench.harness import (
-    System,
+    due_in,
     max_charges_per_key,
     private_database,
+    procfile_system,
     wait_until_settled,
 )
 from bench.latency import latency_faults
@@ -51,25 +52,19 @@ CASES = {"small": (1500, 1, 15, 100), "many": (100_000, 100, 10, 500)}
 def run_case(name: str, latency_ms: int) -> None:
     big, payers, each, ceiling = CASES[name]
     total = big + payers * each
-    with private_database() as url:
-        system = System(url, {"GATEWAY_RATE_LIMIT": str(ceiling)},
-                        worker_processes=None, worker_threads=None)  # the Procfile's
-        try:
-            system.start_gateway(rate_limit_per_s=ceiling, **latency_faults(latency_ms))
-            system.start_engine()
-            spike = (datetime.now(UTC) + timedelta(seconds=15)).replace(microsecond=0)
-            with connect(system.config()) as conn:
-                bulk_insert(conn, big, due_at=spike, payer="big")
-                for n in range(payers):
-                    bulk_insert(conn, each, due_at=spike, payer=f"small-{n:03d}")
-                conn.execute("ANALYZE payments")
-                time.sleep(max(0.0, (spike - datetime.now(UTC)).total_seconds()))
-                drain = wait_until_settled(conn, total, timeout=3600, tick=0.5)
-                groups = {r["big"]: r for r in conn.execute(QUERIES["lateness_by_group"],
-                                                            {"big": "big"})}
-            ledger = system.ledger()
-        finally:
-            system.stop()
+    with private_database() as url, \
+            procfile_system(url, ceiling=ceiling, **latency_faults(latency_ms)) as system:
+        spike = due_in(15)
+        with connect(system.config()) as conn:
+            bulk_insert(conn, big, due_at=spike, payer="big")
+            for n in range(payers):
+                bulk_insert(conn, each, due_at=spike, payer=f"small-{n:03d}")
+            conn.execute("ANALYZE payments")
+            time.sleep(max(0.0, (spike - datetime.now(UTC)).total_seconds()))
+            drain = wait_until_settled(conn, total, timeout=3600, tick=0.5)
+            groups = {r["big"]: r for r in conn.execute(QUERIES["lateness_by_group"],
+                                                        {"big": "big"})}
+        ledger = system.ledger()
     ideal = total / ceiling
     print(f"\ncase {name}: one payer's {big:,} beside {payers} payer(s) x {each}, all due at "
           f"one second; ceiling {ceiling}/s, latency ~{latency_ms} ms")

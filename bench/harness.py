@@ -111,6 +111,26 @@ class System:
         return self.gateway.stats()
 
 
+@contextlib.contextmanager
+def procfile_system(database_url: str, *, ceiling: int, **faults) -> Iterator[System]:
+    """The engine as the Procfile ships it, with only GATEWAY_RATE_LIMIT set,
+    beside a fake gateway whose own ceiling is the same and whose faults
+    (e.g. a latency) are given; stopped afterwards."""
+    system = System(database_url, {"GATEWAY_RATE_LIMIT": str(ceiling)},
+                    worker_processes=None, worker_threads=None)
+    try:
+        system.start_gateway(rate_limit_per_s=ceiling, **faults)
+        system.start_engine()
+        yield system
+    finally:
+        system.stop()
+
+
+def due_in(seconds: float) -> datetime:
+    """A whole second this far ahead: when a benchmark's spike falls due."""
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).replace(microsecond=0)
+
+
 def wait_until_settled(conn, total: int, *, timeout: float, tick: float = 0.5,
                        until: datetime | None = None) -> float:
     """Seconds until ``total`` payments due before ``until`` are terminal."""

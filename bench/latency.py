@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import argparse
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from bench.harness import (
     ALL_TIME,
-    System,
     cpu_seconds,
+    due_in,
     in_flight,
     max_charges_per_key,
     private_database,
+    procfile_system,
     settled_counts,
     wait_until_settled,
 )
@@ -43,28 +44,22 @@ def latency_faults(median_ms: int) -> dict:
 
 def run_spike(payments: int, ceiling: int, median_ms: int, *, lead_seconds: float = 8.0
               ) -> dict:
-    with private_database() as url:
-        system = System(url, {"GATEWAY_RATE_LIMIT": str(ceiling)},
-                        worker_processes=None, worker_threads=None)  # the Procfile's
-        try:
-            system.start_gateway(rate_limit_per_s=ceiling, **latency_faults(median_ms))
-            system.start_engine()
-            spike = (datetime.now(UTC) + timedelta(seconds=lead_seconds)).replace(microsecond=0)
-            with connect(system.config()) as conn:
-                bulk_insert(conn, payments, due_at=spike)
-                time.sleep(max(0.0, (spike - datetime.now(UTC)).total_seconds()))
-                gateway_proc, *engine_procs = system.procs.procs
-                cpu_before = cpu_seconds(engine_procs), cpu_seconds([gateway_proc])
-                drain = wait_until_settled(conn, payments, timeout=1800, tick=0.2)
-                cpu = cpu_seconds(engine_procs) - cpu_before[0]
-                gateway_cpu = cpu_seconds([gateway_proc]) - cpu_before[1]
-                late = lateness(conn, since=ALL_TIME)
-                flight = in_flight(conn)
-                expiries = settled_counts(conn)["lease_expired"]
-            ledger = system.ledger()
-            gateway = system.gateway_stats()
-        finally:
-            system.stop()
+    with private_database() as url, \
+            procfile_system(url, ceiling=ceiling, **latency_faults(median_ms)) as system:
+        spike = due_in(lead_seconds)
+        with connect(system.config()) as conn:
+            bulk_insert(conn, payments, due_at=spike)
+            time.sleep(max(0.0, (spike - datetime.now(UTC)).total_seconds()))
+            gateway_proc, *engine_procs = system.procs.procs
+            cpu_before = cpu_seconds(engine_procs), cpu_seconds([gateway_proc])
+            drain = wait_until_settled(conn, payments, timeout=1800, tick=0.2)
+            cpu = cpu_seconds(engine_procs) - cpu_before[0]
+            gateway_cpu = cpu_seconds([gateway_proc]) - cpu_before[1]
+            late = lateness(conn, since=ALL_TIME)
+            flight = in_flight(conn)
+            expiries = settled_counts(conn)["lease_expired"]
+        ledger = system.ledger()
+        gateway = system.gateway_stats()
     return {"payments": payments, "ceiling": ceiling, "median_ms": median_ms, "drain": drain,
             "late": late, "in_flight": flight, "cpu": cpu, "gateway_cpu": gateway_cpu,
             "lease_expired": expiries,
