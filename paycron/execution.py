@@ -28,7 +28,6 @@ from paycron import metrics, policy
 from paycron.breaker import BreakerState, CircuitBreaker
 from paycron.config import Config
 from paycron.enums import FailureReason, Outcome, Status
-from paycron.errors import GatewayError
 from paycron.gateway_client import CallResult, Gateway
 from paycron.pacing import CallLimiter
 from paycron.transitions import Claim, Finished, finish, release, start
@@ -58,14 +57,19 @@ def look_up(gateway: Gateway, done: Finished) -> Finished:
     """A payment whose calls may have charged (exhausted in doubt, or ten
     "key in use" answers in a row) is asked about by reference before its
     decision is written; :func:`policy.after_lookup` decides."""
+    row = done.row
     try:
-        charge = gateway.find_charge(str(done.row["id"]))
-    except GatewayError as exc:
-        log.warning("lookup failed for %s: %s", done.row["id"], exc)
-        return Finished(done.row, done.result, policy.after_lookup(done.decision,
-                                                                   charged=False))
-    decision = policy.after_lookup(done.decision, charged=charge is not None)
-    if charge is None:
+        charge = gateway.find_charge(str(row["id"]))
+    except Exception as exc:  # unreachable or an absurd answer: proves nothing
+        log.warning("lookup failed for %s: %s", row["id"], type(exc).__name__)
+        charge = None
+    charged = policy.proves_charge(charge, payment_id=str(row["id"]),
+                                   amount=row["amount_minor"], currency=row["currency"].strip())
+    if charge is not None and not charged:
+        log.error("lookup for %s found a charge that is not its own or not charged "
+                  "(status %s): left in doubt", row["id"], charge.status)
+    decision = policy.after_lookup(done.decision, charged=charged)
+    if not charged:
         return Finished(done.row, done.result, decision)
     return Finished(done.row, CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=charge.id),
                     decision)
@@ -111,7 +115,7 @@ class Executor:
             batch, remaining = remaining[:granted], remaining[granted:]
             done += self._execute_batch(batch, counts)
         failures = sum(1 for d in done if d.result.breaker_failure)
-        if probe:
+        if probe and counts.calls:  # a probe that made no call proves nothing
             self.breaker.probe_finished(failed=failures > 0)
         self.breaker.record(calls=counts.calls, failures=failures)
         return counts

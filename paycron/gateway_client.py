@@ -184,10 +184,9 @@ class HttpGateway:
 
     def charge(self, *, idempotency_key: str, amount: int, currency: str,
                reference: str, timeout: float | None = None) -> CallResult:
-        limit = None
-        if timeout is not None and timeout < self._call_seconds:
-            # total= bounds connect + read together: the call ends in time.
-            limit = urllib3.Timeout(total=timeout)
+        # total= bounds connect and every read together (read= alone is per
+        # read: a trickling answer could outlast it), so the call ends in time.
+        limit = urllib3.Timeout(total=min(timeout, self._call_seconds)) if timeout else None
         try:
             response = self._request(
                 "POST", "/v1/charges",

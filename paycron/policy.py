@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from paycron.config import Config
 from paycron.enums import FailureReason, Outcome, Status
-from paycron.gateway_client import CallResult
+from paycron.gateway_client import CallResult, Charge
 
 #: A 429 without Retry-After waits this long (seconds) before the next claim.
 DEFAULT_RATE_LIMIT_DELAY = 1.0
@@ -57,7 +57,8 @@ def decide(result: CallResult, *, failures: int, in_doubt: bool, config: Config,
         # An earlier call with this key is still running at the processor:
         # not a failure (no budget), but a charge may be under way (in doubt).
         streak = key_in_use + 1
-        delay = min(KEY_IN_USE_DELAY * 2 ** (streak - 1), KEY_IN_USE_MAX_DELAY)
+        # (the exponent is capped: a long streak must not overflow a float)
+        delay = min(KEY_IN_USE_DELAY * 2 ** min(streak - 1, 16), KEY_IN_USE_MAX_DELAY)
         return Decision(Status.PENDING, delay=delay * rng.uniform(1, 1.5), failures=failures,
                         in_doubt=True, key_in_use=streak,
                         needs_lookup=streak >= KEY_IN_USE_LOOKUP_AFTER)
@@ -99,6 +100,22 @@ def after_lease_expiry(*, lease_expiries: int, failures: int, in_doubt: bool,
         return Decision(Status.FAILED, failures=failures, in_doubt=in_doubt,
                         failure_reason=FailureReason.LEASE_EXPIRED_REPEATEDLY)
     return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt)
+
+
+#: Charge statuses that mean the money moved: a refund is recorded, never
+#: taken as "not charged" (SPEC §3).
+CHARGED_STATUSES = frozenset({"succeeded", "refunded"})
+
+
+def proves_charge(charge: Charge | None, *, payment_id: str, amount: int,
+                  currency: str) -> bool:
+    """Whether a charge found by reference is this payment's, charged: its
+    reference, amount and currency must match and its status say the money
+    moved. Anything else (none, another amount, a failed or pending charge)
+    proves nothing, and the payment stays in doubt."""
+    return (charge is not None and charge.reference == payment_id
+            and charge.status in CHARGED_STATUSES and charge.amount == amount
+            and charge.currency.upper() == currency.upper())
 
 
 def after_lookup(decision: Decision, *, charged: bool) -> Decision:

@@ -165,7 +165,7 @@ def finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
     group is written one by one, and an outcome that still fails is written
     without the gateway's text (its status and decision are kept)."""
     try:
-        return _finish(pool, done)
+        return _finish_retrying_deadlocks(pool, done)
     except (psycopg.DataError, UnicodeEncodeError):
         if len(done) > 1:
             return [row for item in done for row in finish(pool, [item])]
@@ -175,6 +175,22 @@ def finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
         result = replace(item.result, error_code=item.result.error_code and UNWRITABLE,
                          gateway_ref=item.result.gateway_ref and UNWRITABLE)
         return _finish(pool, [Finished(item.row, result, item.decision)])
+
+
+#: A finish that deadlocks with a reap of the same rows is rolled back whole
+#: by Postgres: it is asked again (the reap has moved on by then).
+_DEADLOCK_TRIES = 3
+
+
+def _finish_retrying_deadlocks(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
+    for attempt in range(1, _DEADLOCK_TRIES + 1):
+        try:
+            return _finish(pool, done)
+        except psycopg.errors.DeadlockDetected:
+            if attempt == _DEADLOCK_TRIES:
+                raise
+            log.warning("finish deadlocked with a reap; trying again")
+    raise AssertionError("unreachable")
 
 
 def _finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:

@@ -23,7 +23,7 @@ from paycron import metrics
 from paycron.breaker import BreakerState, CircuitBreaker
 from paycron.config import Config
 from paycron.pacing import ClaimPacer
-from paycron.transitions import Claim, claim_due, count_queued
+from paycron.transitions import Claim, claim_due, count_queued, release
 from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.sweeper")
@@ -83,7 +83,13 @@ class Sweeper(PeriodicService):
     def _send(self, claims: Sequence[Claim], counts: SweepCounts, probe: bool = False) -> None:
         size = self.settings.group_size
         for i in range(0, len(claims), size):
-            self.enqueue(claims[i:i + size], probe)
+            try:
+                self.enqueue(claims[i:i + size], probe)
+            except Exception:
+                # The broker refused: hand back what was not sent (no budget,
+                # no lease to wait out), then let the run fail as it would.
+                release(self.pool, claims[i:])
+                raise
             counts.messages += 1
 
     def _claim(self, limit: int) -> list[Claim]:

@@ -196,3 +196,46 @@ def test_a_failed_group_frees_its_room_too():
     with ThreadPoolExecutor(max_workers=1) as groups:
         Dispatcher(executor=executor, limit=limit, groups=groups).submit(["a", "b"])
     assert executor.ran == [2] and limit.held == 0
+
+
+@pytest.mark.parametrize("found", [
+    {"amount": 9999, "currency": "USD", "status": "succeeded"},  # another amount
+    {"amount": 2500, "currency": "EUR", "status": "succeeded"},  # another currency
+    {"amount": 2500, "currency": "USD", "status": "failed"},  # not charged
+    {"amount": 2500, "currency": "USD", "status": "pending"},  # not yet
+])
+def test_a_lookup_completes_only_on_this_payments_charge(conn, scripted, make_executor, found):
+    scripted.answers[2500] = (409, {}, b"{}")
+    row = insert_payment(conn, key_in_use=KEY_IN_USE_LOOKUP_AFTER - 1, in_doubt=True)
+    scripted.charges[str(row["id"])] = [{"id": "ch_x", "reference": str(row["id"]), **found}]
+    make_executor().execute(claim_due(conn, limit=1, lease_seconds=30))
+    after = payment(conn, row["id"])
+    assert (after["status"], after["in_doubt"]) == ("PENDING", True)
+    assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["KEY_IN_USE"]
+
+
+def test_a_refunded_charge_is_still_a_charge(conn, scripted, make_executor):
+    scripted.answers[2500] = (409, {}, b"{}")
+    row = insert_payment(conn, key_in_use=KEY_IN_USE_LOOKUP_AFTER - 1, in_doubt=True)
+    scripted.charges[str(row["id"])] = [{"id": "ch_r", "reference": str(row["id"]),
+                                         "amount": 2500, "currency": "USD",
+                                         "status": "refunded"}]
+    make_executor().execute(claim_due(conn, limit=1, lease_seconds=30))
+    assert payment(conn, row["id"])["status"] == "COMPLETED"
+
+
+def test_an_absurd_lookup_answer_does_not_lose_the_groups_outcomes(
+        conn, scripted, make_executor, monkeypatch):
+    """One payment's lookup answers garbage; its neighbour's success is still
+    recorded and the looked-up one waits on, in doubt."""
+    scripted.answers[2500] = (409, {}, b"{}")
+    scripted.answers[111] = OK
+    looked_up = insert_payment(conn, key_in_use=KEY_IN_USE_LOOKUP_AFTER - 1, in_doubt=True)
+    neighbour = insert_payment(conn, amount_minor=111)
+    executor = make_executor()
+    monkeypatch.setattr(executor.gateway, "find_charge",
+                        lambda reference: (_ for _ in ()).throw(TypeError("not JSON")))
+    executor.execute(claim_due(conn, limit=2, lease_seconds=30))
+    assert payment(conn, neighbour["id"])["status"] == "COMPLETED"
+    after = payment(conn, looked_up["id"])
+    assert (after["status"], after["in_doubt"]) == ("PENDING", True)

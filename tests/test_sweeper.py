@@ -223,3 +223,22 @@ def test_the_breaker_trips_on_retryable_failures_not_on_declines(make_engine, co
                  "WHERE status = 'PENDING' AND attempt > 0")  # only the new ones are due
     engine.work()
     assert engine.breaker.state() is BreakerState.OPEN  # 8 of 14
+
+
+def test_claims_the_broker_refused_are_handed_back(make_engine, conn):
+    """The broker fails on the second message: its claims and the rest go
+    back to PENDING at once (no lease to wait out), the first stay claimed."""
+    bulk_insert(conn, 30)
+    engine = make_engine(claim_batch=30, message_group_size=10, gateway_timeout_seconds=1)
+    sent = []
+
+    def flaky(claims, probe):
+        if sent:
+            raise ConnectionError("broker down")
+        sent.append(list(claims))
+
+    engine.sweeper.enqueue = flaky
+    with pytest.raises(ConnectionError):
+        engine.sweeper.run_once()
+    rows = conn.execute("SELECT status, count(*) AS n FROM payments GROUP BY status").fetchall()
+    assert {r["status"]: r["n"] for r in rows} == {"PROCESSING": 10, "PENDING": 20}
