@@ -137,6 +137,8 @@ class Config:
                 "GATEWAY_TIMEOUT_SECONDS must be <= LEASE_SECONDS / 3 so a call always "
                 "ends well inside its lease"
             )
+        if self.gateway_timeout_seconds <= 0:
+            raise ConfigError("GATEWAY_TIMEOUT_SECONDS must be > 0")
         if not self.retry_delays:
             raise ConfigError("RETRY_DELAYS needs at least one delay")
         if self.gateway_rate_limit < 1 or self.claim_batch < 1:
@@ -147,8 +149,11 @@ class Config:
             raise ConfigError("API_RATE_LIMIT and API_RATE_BURST must be >= 1")
         if self.max_webhook_endpoints < 0:
             raise ConfigError("MAX_WEBHOOK_ENDPOINTS must be >= 0")
-        if self.gateway_max_in_flight < 1:
-            raise ConfigError("GATEWAY_MAX_IN_FLIGHT must be >= 1")
+        if self.gateway_max_in_flight < self.group_size:
+            # a group larger than the bound is admitted only into an idle
+            # process, and smaller groups could hold it off indefinitely
+            raise ConfigError("GATEWAY_MAX_IN_FLIGHT must be at least the message group size "
+                              f"({self.group_size})")
         if self.web_statement_timeout < 0:
             raise ConfigError("WEB_STATEMENT_TIMEOUT must be >= 0 (0: no timeout)")
         if self.metrics_token is not None and len(self.metrics_token) < 16:

@@ -37,6 +37,7 @@ def test_unset_and_empty_variables_keep_the_defaults():
     ("CLAIM_BATCH", "ten"), ("LEASE_SECONDS", "soon"), ("WEBHOOK_ALLOW_PRIVATE_HOSTS", "maybe"),
     ("RETRY_DELAYS", "1m,later"), ("CLAIM_BATCH", "0"), ("GATEWAY_MAX_IN_FLIGHT", "0"),
     ("GATEWAY_TIMEOUT_SECONDS", "50"),  # more than LEASE_SECONDS / 3
+    ("GATEWAY_TIMEOUT_SECONDS", "0"), ("GATEWAY_MAX_IN_FLIGHT", "5"),  # below the group size
 ])
 def test_a_bad_value_refuses_to_start_naming_the_variable(name, value):
     with pytest.raises(ConfigError) as refused:
