@@ -45,10 +45,28 @@ def _url(text: str) -> str:
     return text.rstrip("/")
 
 
-def setting(default, parse: Callable[[str], object]):
+def setting(default, parse: Callable[[str], object], *, secret: bool = False):
     """A field read from the environment by :meth:`Config.from_env`, with
-    ``parse`` turning the variable's text into the value."""
-    return field(default=default, metadata={"parse": parse})
+    ``parse`` turning the variable's text into the value. A ``secret`` is
+    left out of the object's ``repr`` (it reaches logs and Sentry)."""
+    return field(default=default, metadata={"parse": parse}, repr=not secret)
+
+
+#: The processors an engine can be configured to charge through.
+PROCESSORS = ("fake", "stripe")
+#: The Stripe API version the adapter pins (the SDK's own; an upgrade only
+#: while no payment is in doubt: SPEC §12).
+STRIPE_API_VERSION = "2026-10-28.endive"
+
+
+def _processor(text: str) -> str:
+    if text.lower() not in PROCESSORS:
+        raise ValueError(f"expected one of {', '.join(PROCESSORS)}")
+    return text.lower()
+
+
+def _secrets(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 @dataclass(frozen=True)
@@ -56,7 +74,20 @@ class Config:
     database_url: str | None = setting(None, str)
     redis_url: str | None = setting(None, str)
     gateway_url: str = setting("http://127.0.0.1:9090", _url)
-    sentry_dsn: str | None = setting(None, str)
+    sentry_dsn: str | None = setting(None, str, secret=True)
+    #: The processor payments are charged through (SPEC §12): the fake
+    #: gateway at GATEWAY_URL, or Stripe through its official SDK.
+    gateway: str = setting("fake", _processor)
+    stripe_api_key: str | None = setting(None, str, secret=True)
+    stripe_api_base: str = setting("https://api.stripe.com", _url)
+    stripe_api_version: str = setting(STRIPE_API_VERSION, str)
+    #: Signing secrets of Stripe's events, comma-separated (rotation).
+    stripe_webhook_secret: tuple[str, ...] = setting((), _secrets, secret=True)
+    #: How long the processor remembers an idempotency key (Stripe: 24 h).
+    gateway_key_retention_seconds: float = setting(86400.0, parse_duration)
+    #: The processor's own processing after we gave up on a call (SPEC §3's
+    #: in-flight bound): a call can land until lease end + timeout + this.
+    gateway_settle_margin_seconds: float = setting(600.0, parse_duration)
     #: Gateway calls per second, all workers together (and the claim pace).
     gateway_rate_limit: int = setting(100, int)
     lease_seconds: float = setting(120.0, parse_duration)
@@ -121,7 +152,7 @@ class Config:
     metrics_port: int | None = setting(None, int)
     #: The web port serves /metrics only to ``Authorization: Bearer <this>``;
     #: unset, it does not serve /metrics at all (404).
-    metrics_token: str | None = setting(None, str)
+    metrics_token: str | None = setting(None, str, secret=True)
     #: One read of the database gauges answers the scrapes of this many
     #: seconds: a scrape storm (several Prometheus replicas, a dashboard
     #: refreshing) costs one read per interval; 5 s is well under any
@@ -158,8 +189,31 @@ class Config:
             raise ConfigError("WEB_STATEMENT_TIMEOUT must be >= 0 (0: no timeout)")
         if self.metrics_token is not None and len(self.metrics_token) < 16:
             raise ConfigError("METRICS_TOKEN must be at least 16 characters")
+        if self.gateway == "stripe" and not self.stripe_api_key:
+            raise ConfigError("GATEWAY=stripe needs STRIPE_API_KEY (a secret key, sk_live_… "
+                              "or sk_test_…)")
+        if self.gateway_settle_margin_seconds < 0:
+            raise ConfigError("GATEWAY_SETTLE_MARGIN_SECONDS must be >= 0")
+        if self.gateway_key_retention_seconds <= 2 * self.in_flight_bound_seconds:
+            # a key must outlive the calls made under it, with room to look up
+            raise ConfigError("GATEWAY_KEY_RETENTION_SECONDS must be more than twice the "
+                              "in-flight bound (LEASE_SECONDS + GATEWAY_TIMEOUT_SECONDS + "
+                              "GATEWAY_SETTLE_MARGIN_SECONDS)")
         if len(self.default_currency) != 3:
             raise ConfigError("DEFAULT_CURRENCY must be an ISO 4217 code")
+
+    @property
+    def in_flight_bound_seconds(self) -> float:
+        """From a claim to the last moment its call can land (SPEC §3): the
+        lease, then the call's timeout, then the processor's own processing."""
+        return (self.lease_seconds + self.gateway_timeout_seconds
+                + self.gateway_settle_margin_seconds)
+
+    @property
+    def needs_customer(self) -> bool:
+        """Whether the processor charges a customer's payment method (Stripe),
+        so a create must name both."""
+        return self.gateway == "stripe"
 
     @property
     def max_gateway_calls(self) -> int:

@@ -32,12 +32,18 @@ class Outcome(StrEnum):
     FOUND_BY_LOOKUP = "FOUND_BY_LOOKUP"  # the charge was found by reference
     KEY_IN_USE = "KEY_IN_USE"  # 409: an earlier call with this key still runs there; in doubt
     NOT_SENT = "NOT_SENT"  # the lease was too short to send the call: nothing was sent
+    REJECTED = "REJECTED"  # refused before executing (Stripe 400/404, idempotency_error)
+    AUTH_FAILED = "AUTH_FAILED"  # our credentials were refused (401/403): our configuration
 
 
 class FailureReason(StrEnum):
     DECLINED = "DECLINED"
     RETRIES_EXHAUSTED = "RETRIES_EXHAUSTED"
     LEASE_EXPIRED_REPEATEDLY = "LEASE_EXPIRED_REPEATEDLY"
+    CUSTOMER_ACTION_REQUIRED = "CUSTOMER_ACTION_REQUIRED"  # the customer must authenticate
+    INVALID_REQUEST = "INVALID_REQUEST"  # the processor refused the request (no charge)
+    GATEWAY_REJECTED = "GATEWAY_REJECTED"  # our parameters changed under a live key
+    LOOKUP_MISMATCH = "LOOKUP_MISMATCH"  # the processor holds another amount/currency/customer
 
 
 class EventType(StrEnum):
