@@ -91,6 +91,7 @@ async def factory() -> AsyncIterator[object]:
 
     from paycron.db import make_pool
     from paycron.enums import Outcome
+    from paycron.gateway import ChargeRequest
     from paycron.gateway_client import HttpGateway
     from paycron.transitions import worker_name
 
@@ -112,8 +113,8 @@ async def factory() -> AsyncIterator[object]:
 
     def charge_and_record(payload: bytes) -> None:
         text_id, due, amount = payload.decode().split(",")
-        result = gateway.charge(idempotency_key=text_id, amount=int(amount), currency="USD",
-                                reference=text_id)
+        result = gateway.charge(ChargeRequest(reference=text_id, idempotency_key=text_id,
+                                              amount=int(amount), currency="USD"))
         if result.outcome is not Outcome.SUCCEEDED:
             raise RuntimeError(f"gateway answered {result.outcome} for {text_id}")
         with pool.connection() as conn, conn.transaction():

@@ -50,3 +50,9 @@ CREATE TABLE customers (
     PRIMARY KEY (processor, customer)
 );
 COMMENT ON TABLE customers IS 'Processor customers, each bound to the first actor that used it.';
+
+-- A mismatch found by lookup and a request the processor refused for changed
+-- parameters are parked for a human too (neither is ever re-driven).
+ALTER TABLE dead_letters DROP CONSTRAINT dead_letters_reason_check;
+ALTER TABLE dead_letters ADD CONSTRAINT dead_letters_reason_check CHECK (reason IN (
+    'RETRIES_EXHAUSTED', 'LEASE_EXPIRED_REPEATEDLY', 'LOOKUP_MISMATCH', 'GATEWAY_REJECTED'));

@@ -15,7 +15,7 @@ from paycron import apikeys, dead_letters, partitions
 from paycron.config import Config
 from paycron.db import connect
 from paycron.errors import ConfigError, PaycronError
-from paycron.gateway_client import build_gateway
+from paycron.gateway import build_gateway
 from paycron.ids import parse_payment_id
 from paycron.migrate import migrate as apply_migrations
 from paycron.observability import init_sentry

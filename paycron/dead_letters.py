@@ -1,9 +1,11 @@
 """The dead-letter table: parked payments and what a human does with them.
 
-Re-drive first asks the gateway by reference (it may forget idempotency
-keys after 24 h): a charge found completes the payment; otherwise it goes
-back to PENDING with a fresh budget and the same key. Refund goes through
-the gateway keyed ``refund:<payment id>``. Every action records who and when.
+Re-drive first asks the processor by reference (it may forget idempotency
+keys after 24 h; SPEC §3): *charged* completes the payment; a conclusive
+*none* sends it back to PENDING with a fresh budget and the next key
+generation; anything else is refused with the reason (and, for an
+inconclusive *none*, the time it becomes conclusive). Refund goes through
+the processor keyed from what it refunds. Every action records who and when.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from dataclasses import dataclass
 
 from psycopg import Connection
 
-from paycron import transitions
+from paycron import lookups, transitions
 from paycron.enums import Outcome, Resolution
 from paycron.errors import DeadLetterActionRefused, NotFound
-from paycron.gateway_client import Gateway
+from paycron.gateway import Gateway
 from paycron.ids import due_range
 from paycron.payments import get_payment
+from paycron.policy import Answer
 from paycron.sql import q
 
 
@@ -52,42 +55,62 @@ def _open_letter(conn: Connection, payment_id: uuid.UUID) -> dict:
 
 def redrive(conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *,
             actor: str) -> ActionResult:
-    _open_letter(conn, payment_id)
-    charge = gateway.find_charge(str(payment_id))
-    if charge is not None:
+    letter = _open_letter(conn, payment_id)
+    payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
+    lookup = lookups.look_up(gateway, payment)
+    if lookup.answer is Answer.CHARGED:
         if transitions.complete_from_gateway(conn, payment_id, outcome=Outcome.FOUND_BY_LOOKUP,
-                                             gateway_ref=charge.id, actor=actor):
+                                             gateway_ref=lookup.charge.id, actor=actor):
             return ActionResult(payment_id, "completed",
-                                f"the gateway already holds charge {charge.id}")
+                                f"the processor already holds charge {lookup.charge.id}")
         raise DeadLetterActionRefused("the payment changed state; look again")
-    if not transitions.redrive(conn, payment_id, actor=actor):
+    if lookup.answer is Answer.MISMATCHED:
+        raise DeadLetterActionRefused(
+            f"the processor holds {lookup.charge.id} for this payment with another amount, "
+            "currency or customer: look at it there; never re-driven under a new key")
+    if lookup.answer is Answer.PROCESSING:
+        raise DeadLetterActionRefused(
+            f"the processor is still processing {lookup.charge.id}: wait for its outcome")
+    if not lookup.conclusive:
+        at = lookups.conclusive_at(payment)
+        raise DeadLetterActionRefused(
+            f"a call of this payment may still land at the processor until "
+            f"{at.isoformat()}: re-drive after that")
+    if letter["reason"] not in REDRIVABLE or not transitions.redrive(conn, payment_id,
+                                                                     actor=actor):
         raise DeadLetterActionRefused("only RETRIES_EXHAUSTED and LEASE_EXPIRED_REPEATEDLY "
                                       "payments can be re-driven")
-    return ActionResult(payment_id, "redriven", "back to PENDING with a fresh budget")
+    return ActionResult(payment_id, "redriven",
+                        "back to PENDING with a fresh budget and a new idempotency key")
+
+
+#: What a re-drive may send back: a decline or a mismatch needs a human elsewhere.
+REDRIVABLE = frozenset({"RETRIES_EXHAUSTED", "LEASE_EXPIRED_REPEATEDLY"})
 
 
 def refund(conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *,
            actor: str) -> ActionResult:
-    """Refund the payment's charge (if the gateway holds one) and close its letter."""
+    """Refund the payment's charge (if the processor holds one) and close its letter."""
     _open_letter(conn, payment_id)
-    charge = gateway.find_charge(str(payment_id))
-    if charge is None:
-        raise DeadLetterActionRefused("the gateway holds no charge for this payment: "
-                                      "dismiss it instead")
-    key = f"refund:{payment_id}"
-    answer = gateway.refund(charge_id=charge.id, idempotency_key=key)
+    payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
+    lookup = lookups.look_up(gateway, payment)
+    if lookup.answer is not Answer.CHARGED:
+        raise DeadLetterActionRefused("the processor holds no charge for this payment "
+                                      f"({lookup.answer.value}): dismiss it instead")
+    charge = lookup.charge
+    answer = gateway.refund(charge)
     due_from, due_to = due_range(payment_id)
     with conn.transaction():
         conn.execute(q("record_refund"), {
-            "id": payment_id, "due_from": due_from, "due_to": due_to, "gateway_key": key,
-            "charge_id": charge.id, "gateway_refund_id": answer["id"],
-            "amount_minor": answer.get("amount", charge.amount), "actor": actor,
+            "id": payment_id, "due_from": due_from, "due_to": due_to,
+            "gateway_key": answer.idempotency_key, "charge_id": charge.id,
+            "gateway_refund_id": answer.id, "amount_minor": answer.amount, "actor": actor,
         })
         conn.execute(q("resolve_dead_letter"), {
             "id": payment_id, "resolution": Resolution.REFUNDED, "actor": actor,
-            "note": f"refund {answer['id']} of charge {charge.id}",
+            "note": f"refund {answer.id} of charge {charge.id}",
         })
-    return ActionResult(payment_id, "refunded", f"refund {answer['id']} of charge {charge.id}")
+    return ActionResult(payment_id, "refunded", f"refund {answer.id} of charge {charge.id}")
 
 
 def dismiss(conn: Connection, payment_id: uuid.UUID, *, actor: str,

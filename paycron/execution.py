@@ -19,17 +19,18 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor as ThreadPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from psycopg_pool import ConnectionPool
 
-from paycron import metrics, policy
+from paycron import lookups, metrics, policy
 from paycron.breaker import BreakerState, CircuitBreaker
 from paycron.config import Config
 from paycron.enums import FailureReason, Outcome, Status
-from paycron.gateway_client import CallResult, Gateway
+from paycron.gateway import CallResult, ChargeRequest, Gateway, gateway_key
 from paycron.pacing import CallLimiter
+from paycron.policy import Answer, Decision
 from paycron.transitions import Claim, Finished, finish, release, start
 
 log = logging.getLogger("paycron.execution")
@@ -54,25 +55,34 @@ MIN_SEND_SECONDS = 1.0
 
 
 def look_up(gateway: Gateway, done: Finished) -> Finished:
-    """A payment whose calls may have charged (exhausted in doubt, or ten
-    "key in use" answers in a row) is asked about by reference before its
-    decision is written; :func:`policy.after_lookup` decides."""
+    """A payment whose calls may have charged (exhausted in doubt, ten "key in
+    use" answers in a row, a rejected request in doubt) is asked about by
+    reference before its decision is written; :func:`policy.after_lookup`
+    decides. A lookup that fails proves nothing: the decision stands, in doubt."""
     row = done.row
+    lookup = _ask(gateway, row, in_doubt=done.decision.in_doubt)
+    decision = policy.after_lookup(done.decision, lookup)
+    if lookup.answer is Answer.CHARGED:
+        return Finished(row, CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=lookup.charge.id),
+                        decision)
+    return Finished(row, done.result, decision)
+
+
+def _ask(gateway: Gateway, row: dict, *, in_doubt: bool) -> policy.Lookup:
+    """The lookup of one payment row (conclusive as the row's in-flight bound
+    says), logging what must be paged; an error is an inconclusive *none*."""
     try:
-        charge = gateway.find_charge(str(row["id"]))
+        lookup = lookups.look_up(gateway, {**row, "in_doubt": in_doubt})
     except Exception as exc:  # unreachable or an absurd answer: proves nothing
         log.warning("lookup failed for %s: %s", row["id"], type(exc).__name__)
-        charge = None
-    charged = policy.proves_charge(charge, payment_id=str(row["id"]),
-                                   amount=row["amount_minor"], currency=row["currency"].strip())
-    if charge is not None and not charged:
-        log.error("lookup for %s found a charge that is not its own or not charged "
-                  "(status %s): left in doubt", row["id"], charge.status)
-    decision = policy.after_lookup(done.decision, charged=charged)
-    if not charged:
-        return Finished(done.row, done.result, decision)
-    return Finished(done.row, CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=charge.id),
-                    decision)
+        return policy.Lookup(Answer.NONE, conclusive=False)
+    if lookup.answer is Answer.MISMATCHED:
+        log.error("lookup for payment %s found processor payment %s with another amount, "
+                  "currency or customer: parked LOOKUP_MISMATCH", row["id"], lookup.charge.id)
+    if lookup.extra:
+        log.error("lookup for payment %s found %d charged processor payments: a double "
+                  "charge to refund", row["id"], 1 + len(lookup.extra))
+    return lookup
 
 
 class Executor:
@@ -124,7 +134,9 @@ class Executor:
         # Read before the lease is renewed, so the lease ends no earlier.
         lease_end = self.clock() + self.config.lease_seconds
         rows = start(self.pool, batch, lease_seconds=self.config.lease_seconds,
-                     worker=self.worker)
+                     processor=self.gateway.name, worker=self.worker,
+                     land_seconds=self.config.gateway_timeout_seconds
+                     + self.config.gateway_settle_margin_seconds)
         counts.stale += len(batch) - len(rows)
         done = self._call_all(rows, lease_end)
         counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
@@ -155,6 +167,8 @@ class Executor:
         return [first, *(f.result() for f in futures)]
 
     def _call(self, row: dict, lease_end: float) -> Finished:
+        if self._key_may_be_forgotten(row):
+            return self._look_up_instead(row)
         try:
             result = self._send(row, lease_end)
         except Exception:  # a bug must not lose the group: in doubt, asked again
@@ -163,6 +177,33 @@ class Executor:
         decision = policy.decide(result, failures=row["failures"], in_doubt=row["in_doubt"],
                                  key_in_use=row["key_in_use"], config=self.config)
         return Finished(row, result, decision)
+
+    def _key_may_be_forgotten(self, row: dict) -> bool:
+        """SPEC §12's key retention: a payment in doubt whose oldest unresolved
+        call is so old that the processor may forget its key before this call
+        lands must be looked up, not called (a forgotten key charges again)."""
+        since = row.get("in_doubt_since")
+        if not row["in_doubt"] or since is None:
+            return False
+        keep = self.config.gateway_key_retention_seconds - self.config.in_flight_bound_seconds
+        return (datetime.now(UTC) - since).total_seconds() > keep
+
+    def _look_up_instead(self, row: dict) -> Finished:
+        """Decide an old doubt by lookup: charged completes; a conclusive none
+        clears the doubt and moves the key to its next generation, to be
+        called at once; an inconclusive one waits for the in-flight bound."""
+        base = Decision(Status.PENDING, failures=row["failures"], in_doubt=True,
+                        key_in_use=row["key_in_use"])
+        lookup = _ask(self.gateway, row, in_doubt=True)
+        decision = policy.after_lookup(base, lookup)
+        if lookup.answer is Answer.CHARGED:
+            return Finished(row, CallResult(Outcome.FOUND_BY_LOOKUP,
+                                            gateway_ref=lookup.charge.id), decision)
+        if lookup.answer is Answer.NONE and not lookup.conclusive:
+            wait = (row["calls_land_by"] - datetime.now(UTC)).total_seconds()
+            decision = replace(decision, delay=max(wait, policy.PROCESSING_RECHECK_DELAY))
+        return Finished(row, CallResult(Outcome.NOT_SENT, error_code="key_retention_lookup"),
+                        decision)
 
     def _send(self, row: dict, lease_end: float) -> CallResult:
         left = lease_end - self.clock()
@@ -173,10 +214,17 @@ class Executor:
             metrics.TRIGGER_LATENESS.observe(max(0.0, lateness))
         started = time.monotonic()
         result = self.gateway.charge(
-            idempotency_key=str(row["id"]), amount=row["amount_minor"],
-            currency=row["currency"].strip(), reference=str(row["id"]),
+            ChargeRequest(reference=str(row["id"]),
+                          idempotency_key=gateway_key(row["id"], row["key_generation"]),
+                          amount=row["amount_minor"], currency=row["currency"].strip(),
+                          customer=row["customer"], payment_method=row["payment_method"],
+                          confirm=row["gateway_intent_id"]),
             timeout=min(self.config.gateway_timeout_seconds, left),
         )
+        if result.outcome is Outcome.AUTH_FAILED:
+            # Our configuration is broken, not the payment: an operator is paged.
+            log.error("the processor refused our credentials (%s): check the API key",
+                      result.error_code)
         elapsed = time.monotonic() - started
         metrics.GATEWAY_LATENCY.observe(elapsed)
         metrics.GATEWAY_CALLS.labels(result.outcome.value).inc()

@@ -1,68 +1,21 @@
-"""The engine's side of the payment gateway: an interface with typed outcomes.
+"""The fake gateway's adapter: its (Stripe-like) card API over urllib3.
 
-:class:`HttpGateway` speaks the fake gateway's (Stripe-like) HTTP API; a real
-processor's adapter is another implementation of :class:`Gateway`. Every
-answer maps to one :class:`CallResult` so the worker never interprets HTTP.
+One implementation of :class:`paycron.gateway.Gateway`; every answer maps to
+one :class:`~paycron.gateway.CallResult` (:func:`classify`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from typing import Protocol
+from datetime import UTC, date, datetime
 
 import urllib3
 
-from paycron.config import Config
 from paycron.enums import Outcome
 from paycron.errors import GatewayError
-
-
-@dataclass(frozen=True)
-class CallResult:
-    """What one charge call ended as.
-
-    ``in_doubt``: the call may have charged without telling us (timeout,
-    dropped connection, 5xx). ``breaker_failure``: it counts against the
-    gateway's health (429s and declines do not). Whether it uses budget is
-    the policy's rule (paycron/policy.py), not the call's.
-    """
-
-    outcome: Outcome
-    gateway_ref: str | None = None
-    error_code: str | None = None
-    in_doubt: bool = False
-    retry_after: float | None = None
-
-    @property
-    def breaker_failure(self) -> bool:
-        return self.outcome in (Outcome.RETRYABLE_ERROR, Outcome.AMBIGUOUS)
-
-
-@dataclass(frozen=True)
-class Charge:
-    id: str
-    reference: str
-    amount: int
-    currency: str
-    status: str
-
-
-class Gateway(Protocol):
-    def charge(self, *, idempotency_key: str, amount: int, currency: str,
-               reference: str, timeout: float | None = None) -> CallResult:
-        """One charge call; ``timeout`` (seconds, total) shortens the
-        configured one, so a call never outlives its lease."""
-
-    def find_charge(self, reference: str) -> Charge | None:
-        """The charge made for ``reference``, found without its idempotency key."""
-
-    def refund(self, *, charge_id: str, idempotency_key: str) -> dict: ...
-
-    def settlement_report(self, day: str) -> str: ...
-
-    def close(self) -> None: ...
+from paycron.gateway import CallResult, Charge, ChargeRequest, LookupRequest, Refund
+from paycron.settlement_csv import parse_report
 
 
 def _json(response: urllib3.BaseHTTPResponse):
@@ -162,6 +115,8 @@ class HttpGateway:
     spot; urllib3 spends 0.53 ms.
     """
 
+    name = "fake"
+
     def __init__(self, base_url: str, *, timeout: float, max_connections: int = 64):
         self._timeout = urllib3.Timeout(connect=min(timeout, 3.0), read=timeout)
         self._call_seconds = timeout
@@ -182,16 +137,16 @@ class HttpGateway:
             fields=fields, headers=all_headers, timeout=timeout or self._timeout,
         )
 
-    def charge(self, *, idempotency_key: str, amount: int, currency: str,
-               reference: str, timeout: float | None = None) -> CallResult:
+    def charge(self, request: ChargeRequest, *, timeout: float | None = None) -> CallResult:
         # total= bounds connect and every read together (read= alone is per
         # read: a trickling answer could outlast it), so the call ends in time.
         limit = urllib3.Timeout(total=min(timeout, self._call_seconds)) if timeout else None
         try:
             response = self._request(
                 "POST", "/v1/charges",
-                body={"amount": amount, "currency": currency, "reference": reference},
-                headers={"Idempotency-Key": idempotency_key}, timeout=limit,
+                body={"amount": request.amount, "currency": request.currency,
+                      "reference": request.reference},
+                headers={"Idempotency-Key": request.idempotency_key}, timeout=limit,
             )
         except _NOT_SENT as exc:
             return CallResult(Outcome.RETRYABLE_ERROR, error_code=type(exc).__name__)
@@ -210,29 +165,37 @@ class HttpGateway:
             raise GatewayError(f"gateway answered {response.status} to GET {path}")
         return response
 
-    def find_charge(self, reference: str) -> Charge | None:
-        charges = _json(self._get("/v1/charges", reference=reference))["data"]
-        if not charges:
-            return None
-        first = charges[0]
-        return Charge(id=first["id"], reference=first["reference"], amount=first["amount"],
-                      currency=first["currency"], status=first["status"])
-
-    def refund(self, *, charge_id: str, idempotency_key: str) -> dict:
+    def find_charges(self, request: LookupRequest) -> list[Charge]:
+        body = _json(self._get("/v1/charges", reference=request.reference))
         try:
-            response = self._request("POST", "/v1/refunds", body={"charge": charge_id},
-                                     headers={"Idempotency-Key": idempotency_key})
+            return [_charge(c) for c in body["data"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GatewayError(f"absurd answer to a lookup: {type(exc).__name__}") from exc
+
+    def refund(self, charge: Charge) -> Refund:
+        key = f"refund:{charge.reference}"
+        try:
+            response = self._request("POST", "/v1/refunds", body={"charge": charge.id},
+                                     headers={"Idempotency-Key": key})
         except urllib3.exceptions.HTTPError as exc:
             raise GatewayError(f"refund failed: {type(exc).__name__}") from exc
         if response.status not in (200, 201):
             raise GatewayError(f"refund refused: {response.status} {response.data[:200]!r}")
-        return _json(response)
+        answer = _json(response) or {}
+        return Refund(id=str(answer.get("id")), amount=answer.get("amount", charge.amount),
+                      idempotency_key=key)
 
-    def settlement_report(self, day: str) -> str:
-        return self._get("/v1/settlement-report", date=day).data.decode()
+    def settlement_report(self, day: date) -> list[Charge]:
+        text = self._get("/v1/settlement-report", date=day.isoformat()).data.decode()
+        return parse_report(text, source=f"settlement report {day}")
 
 
-def build_gateway(config: Config, *, max_connections: int = 64) -> Gateway:
-    """The processor adapter this configuration names, for a composition root."""
-    return HttpGateway(config.gateway_url, timeout=config.gateway_timeout_seconds,
-                       max_connections=max_connections)
+def _charge(c: dict) -> Charge:
+    """A charge of the fake's JSON (its statuses are ours: succeeded, refunded)."""
+    if not isinstance(c["amount"], int) or not isinstance(c["currency"], str):
+        raise ValueError("amount or currency of the wrong type")
+    created = c.get("created_at")
+    return Charge(id=str(c["id"]), reference=str(c["reference"]), amount=c["amount"],
+                  currency=c["currency"], status=str(c["status"]),
+                  idempotency_key=c.get("idempotency_key"),
+                  created_at=datetime.fromisoformat(created).astimezone(UTC) if created else None)

@@ -1,8 +1,9 @@
 """The next-state policy: every rule that says where a payment goes next.
 
 After a gateway call (:func:`decide`), after its lease expired
-(:func:`after_lease_expiry`), and after a lookup by reference before parking
-(:func:`after_lookup`). Pure functions of the payment's counters and what
+(:func:`after_lease_expiry`), and after a lookup by reference
+(:func:`judge_lookup` gives its four answers, :func:`after_lookup` where they
+send the payment). Pure functions of the payment's counters and what
 happened, so every rule is table-tested without a database or a gateway
 (tests/test_retry_policy.py); the transitions module only writes what these
 decide, each write one guarded UPDATE.
@@ -11,11 +12,13 @@ decide, each write one guarded UPDATE.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from paycron.config import Config
 from paycron.enums import FailureReason, Outcome, Status
-from paycron.gateway_client import CallResult, Charge
+from paycron.gateway import PROCESSING, REFUNDED, SUCCEEDED, CallResult, Charge
 
 #: A 429 without Retry-After waits this long (seconds) before the next claim.
 DEFAULT_RATE_LIMIT_DELAY = 1.0
@@ -24,6 +27,10 @@ KEY_IN_USE_DELAY = 1.0
 KEY_IN_USE_MAX_DELAY = 60.0
 #: After this many 409s in a row the payment is looked up by reference (SPEC §3).
 KEY_IN_USE_LOOKUP_AFTER = 10
+#: A payment the processor is still processing is asked about again after this.
+PROCESSING_RECHECK_DELAY = 300.0
+#: Drawn from when a caller passes no rng (one generator, not one per call).
+_RNG = random.Random()
 
 
 @dataclass(frozen=True)
@@ -37,13 +44,15 @@ class Decision:
     failure_reason: FailureReason | None = None
     needs_lookup: bool = False  # ask the gateway by reference before writing this
     key_in_use: int = 0  # 409 "key in use" answers in a row
+    next_key: bool = False  # move the idempotency key to its next generation
+    confirm: str | None = None  # the processor-side payment the next call confirms again
 
 
 def backoff(failures: int, config: Config, rng: random.Random | None = None) -> float:
     """Delay after the ``failures``-th retryable failure: ``RETRY_DELAYS`` with
     ±``retry_jitter`` multiplicative jitter (so a burst of failures does not
     come back as a burst)."""
-    rng = rng or random.Random()
+    rng = rng or _RNG
     base = config.retry_delays[min(failures, len(config.retry_delays)) - 1]
     return base * rng.uniform(1 - config.retry_jitter, 1 + config.retry_jitter)
 
@@ -52,8 +61,9 @@ def decide(result: CallResult, *, failures: int, in_doubt: bool, config: Config,
            key_in_use: int = 0, rng: random.Random | None = None) -> Decision:
     """Where one call's result sends the payment (``failures``, ``in_doubt``
     and ``key_in_use`` as they were before the call)."""
-    rng = rng or random.Random()
-    if result.outcome is Outcome.KEY_IN_USE:
+    rng = rng or _RNG
+    outcome = result.outcome
+    if outcome is Outcome.KEY_IN_USE:
         # An earlier call with this key is still running at the processor:
         # not a failure (no budget), but a charge may be under way (in doubt).
         streak = key_in_use + 1
@@ -62,20 +72,42 @@ def decide(result: CallResult, *, failures: int, in_doubt: bool, config: Config,
         return Decision(Status.PENDING, delay=delay * rng.uniform(1, 1.5), failures=failures,
                         in_doubt=True, key_in_use=streak,
                         needs_lookup=streak >= KEY_IN_USE_LOOKUP_AFTER)
-    if result.outcome is Outcome.NOT_SENT:
-        # Nothing left us: no budget, doubt unchanged, claim again at once.
-        return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt)
-    if result.outcome is Outcome.SUCCEEDED:
-        return Decision(Status.COMPLETED, failures=failures)
-    if result.outcome is Outcome.DECLINED:
-        # A decline is a definitive answer: nothing is in doubt any more.
-        return Decision(Status.FAILED, failures=failures,
-                        failure_reason=FailureReason.DECLINED)
-    if result.outcome is Outcome.RATE_LIMITED:
+    if outcome is Outcome.NOT_SENT:
+        # Nothing left us: no budget, doubt and the 409 streak unchanged, claim again at once.
+        return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt,
+                        key_in_use=key_in_use)
+    if outcome is Outcome.RATE_LIMITED:
         # Definitive non-charge: no budget used, doubt unchanged.
         delay = result.retry_after or DEFAULT_RATE_LIMIT_DELAY
         return Decision(Status.PENDING, delay=delay * rng.uniform(1, 1.5),
-                        failures=failures, in_doubt=in_doubt)
+                        failures=failures, in_doubt=in_doubt, key_in_use=key_in_use)
+    if outcome is Outcome.AUTH_FAILED:
+        # Our credentials, not the payment: no budget, nothing parked; wait as
+        # long as the breaker stays open (the operator fixes the key).
+        delay = config.circuit_open_seconds * rng.uniform(1, 1.5)
+        return Decision(Status.PENDING, delay=delay, failures=failures, in_doubt=in_doubt,
+                        key_in_use=key_in_use)
+    if outcome is Outcome.SUCCEEDED:
+        return Decision(Status.COMPLETED, failures=failures)
+    if outcome is Outcome.DECLINED:
+        # A decline is a definitive answer under this key: nothing is in doubt.
+        if result.retry_decline and failures + 1 < config.max_gateway_calls:
+            # The processor advises trying again later: within the budget, the
+            # same processor-side payment confirmed again under the next key
+            # (the processor replays the decline for this one).
+            return Decision(Status.PENDING, delay=backoff(failures + 1, config, rng),
+                            failures=failures + 1, next_key=True, confirm=result.gateway_ref)
+        return Decision(Status.FAILED, failures=failures,
+                        failure_reason=result.failure_reason or FailureReason.DECLINED)
+    if outcome is Outcome.REJECTED:
+        # Refused before executing: no charge under this request. Our
+        # parameters changed under a live key (GATEWAY_REJECTED) may have
+        # charged under the first ones, and every path from doubt to FAILED
+        # goes through a lookup.
+        reason = result.failure_reason or FailureReason.INVALID_REQUEST
+        return Decision(Status.FAILED, failures=failures, in_doubt=in_doubt,
+                        failure_reason=reason,
+                        needs_lookup=in_doubt or reason is FailureReason.GATEWAY_REJECTED)
     failures += 1
     in_doubt = in_doubt or result.in_doubt
     if failures >= config.max_gateway_calls:
@@ -104,25 +136,76 @@ def after_lease_expiry(*, lease_expiries: int, failures: int, in_doubt: bool,
 
 #: Charge statuses that mean the money moved: a refund is recorded, never
 #: taken as "not charged" (SPEC §3).
-CHARGED_STATUSES = frozenset({"succeeded", "refunded"})
+CHARGED_STATUSES = frozenset({SUCCEEDED, REFUNDED})
 
 
-def proves_charge(charge: Charge | None, *, payment_id: str, amount: int,
-                  currency: str) -> bool:
-    """Whether a charge found by reference is this payment's, charged: its
-    reference, amount and currency must match and its status say the money
-    moved. Anything else (none, another amount, a failed or pending charge)
-    proves nothing, and the payment stays in doubt."""
-    return (charge is not None and charge.reference == payment_id
-            and charge.status in CHARGED_STATUSES and charge.amount == amount
-            and charge.currency.upper() == currency.upper())
+class Answer(StrEnum):
+    """A lookup's four answers (SPEC §3)."""
+
+    CHARGED = "charged"  # the processor holds this payment, charged (also since refunded)
+    PROCESSING = "processing"  # accepted there, outcome later
+    MISMATCHED = "mismatched"  # a payment for this id with another amount/currency/customer
+    NONE = "none"
 
 
-def after_lookup(decision: Decision, *, charged: bool) -> Decision:
-    """A payment in doubt was asked about by reference (before parking, or
-    after 10 "key in use" answers): a charge found completes it (doubt
-    settled); none found leaves the decision as it was, still in doubt (a call
-    may still land)."""
+@dataclass(frozen=True)
+class Lookup:
+    """What a lookup found. ``conclusive``: for NONE, every call of the
+    payment is past its in-flight bound, so nothing can still land.
+    ``charge``: the processor-side payment that decided it. ``extra``:
+    further charged ones for the same payment id (two charges: page)."""
+
+    answer: Answer
+    conclusive: bool = True
+    charge: Charge | None = None
+    extra: tuple[Charge, ...] = ()
+
+
+def _matches(charge: Charge, *, amount: int, currency: str, customer: str | None) -> bool:
+    return (charge.amount == amount and charge.currency.upper() == currency.upper()
+            and (customer is None or charge.customer is None or charge.customer == customer))
+
+
+def judge_lookup(found: Sequence[Charge], *, payment_id: str, amount: int, currency: str,
+                 customer: str | None = None, conclusive: bool) -> Lookup:
+    """The answer of everything the processor holds for ``payment_id`` (every
+    key generation): charged (amount, currency and customer match) beats
+    mismatched beats processing beats none. A charge for another reference,
+    a failed or cancelled one prove nothing; *none* counts as an absence only
+    when ``conclusive``."""
+    own = [c for c in found if c.reference == payment_id]
+    fits = [c for c in own if _matches(c, amount=amount, currency=currency, customer=customer)]
+    live = [c for c in own if c.status in CHARGED_STATUSES or c.status == PROCESSING]
+    charged = [c for c in fits if c.status in CHARGED_STATUSES]
     if charged:
+        extra = tuple(c for c in own if c.status in CHARGED_STATUSES and c is not charged[0])
+        return Lookup(Answer.CHARGED, charge=charged[0], extra=extra)
+    wrong = [c for c in live if c not in fits]
+    if wrong:
+        return Lookup(Answer.MISMATCHED, charge=wrong[0])
+    processing = [c for c in fits if c.status == PROCESSING]
+    if processing:
+        return Lookup(Answer.PROCESSING, charge=processing[0])
+    return Lookup(Answer.NONE, conclusive=conclusive)
+
+
+def after_lookup(decision: Decision, lookup: Lookup) -> Decision:
+    """A payment was asked about by reference before ``decision`` is written
+    (parking in doubt, ten "key in use" answers, a rejected request, an old
+    key): *charged* completes it; *mismatched* parks it for a human and never
+    moves its key; *processing* waits (in doubt) and asks again; *none*
+    leaves the decision as it was (in doubt kept: a call may still land)
+    unless conclusive, which settles the doubt and moves a key that is to be
+    used again to its next generation."""
+    if lookup.answer is Answer.CHARGED:
         return Decision(Status.COMPLETED, failures=decision.failures)
-    return replace(decision, needs_lookup=False)
+    if lookup.answer is Answer.MISMATCHED:
+        return Decision(Status.FAILED, failures=decision.failures, in_doubt=decision.in_doubt,
+                        failure_reason=FailureReason.LOOKUP_MISMATCH)
+    if lookup.answer is Answer.PROCESSING:
+        return Decision(Status.PENDING, delay=PROCESSING_RECHECK_DELAY,
+                        failures=decision.failures, in_doubt=True)
+    if not lookup.conclusive:
+        return replace(decision, needs_lookup=False)
+    return replace(decision, needs_lookup=False, in_doubt=False, key_in_use=0,
+                   next_key=decision.next_key or decision.status is Status.PENDING)

@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool
 from paycron import policy
 from paycron.config import Config
 from paycron.enums import CancelOutcome, Status
-from paycron.gateway_client import CallResult
+from paycron.gateway import CallResult
 from paycron.ids import due_range
 from paycron.payments import get_payment
 from paycron.policy import Decision
@@ -87,18 +87,21 @@ def cancel(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> CancelOutc
     return CancelOutcome.ALREADY_PROCESSING
 
 
-def claim_due(conn: Connection, *, limit: int, lease_seconds: float) -> list[Claim]:
+def claim_due(conn: Connection, *, limit: int, lease_seconds: float,
+              processor: str = "fake") -> list[Claim]:
     """PENDING -> PROCESSING for up to ``limit`` due rows (lease, attempt + 1),
     shared across payers round-robin, oldest first within each payer; the
-    claims come back in that order (the order they are enqueued in).
+    claims come back in that order (the order they are enqueued in). Rows
+    first called at another processor than ``processor`` are left alone.
 
     Two statements in one transaction: lock the rows fairly (SKIP LOCKED),
     then claim exactly those. The commit is the claim: a crash before it
     claims nothing; after it, the leases cover the rows.
     """
     with conn.transaction():
-        turns = conn.execute(q("lock_due_fairly"), {"limit": limit, "now": datetime.now(UTC)},
-                             prepare=True).fetchall()
+        turns = conn.execute(q("lock_due_fairly"), {
+            "limit": limit, "now": datetime.now(UTC), "processor": processor,
+        }, prepare=True).fetchall()
         if not turns:
             return []
         rows = conn.execute(q("claim_locked"), {
@@ -134,12 +137,16 @@ def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
 
 
 def start(pool: ConnectionPool, claims: Sequence[Claim], *, lease_seconds: float,
+          processor: str = "fake", land_seconds: float = 0.0,
           worker: str | None = None) -> list[dict]:
-    """Fence, renew the lease and write IN_FLIGHT, for every claim at once.
-    Returns the rows this worker now holds (stale and duplicate claims drop)."""
+    """Fence, renew the lease and write IN_FLIGHT, for every claim at once,
+    stamping ``processor`` and the in-flight bound (lease end +
+    ``land_seconds``). Returns the rows this worker now holds (stale,
+    duplicate and other processors' claims drop)."""
     with pool.connection() as conn:
         return conn.execute(q("start_attempts"), {
             **_claim_params(claims), "lease_seconds": lease_seconds,
+            "processor": processor, "land_seconds": land_seconds,
             "worker": worker or worker_name(),
         }, prepare=True).fetchall()
 
@@ -211,6 +218,8 @@ def _finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
         "failure_reasons": [d.decision.failure_reason and d.decision.failure_reason.value
                             for d in done],
         "key_in_uses": [d.decision.key_in_use for d in done],
+        "next_keys": [d.decision.next_key for d in done],
+        "confirms": [d.decision.confirm for d in done],
     }
     with pool.connection() as conn:
         rows = conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
@@ -264,7 +273,8 @@ def complete_from_gateway(conn: Connection, payment_id: uuid.UUID, *, outcome: s
 
 
 def redrive(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> bool:
-    """A parked payment back to PENDING with a fresh budget and the same key."""
+    """A parked payment back to PENDING with a fresh budget and the next key
+    generation (call only after a conclusive lookup found nothing)."""
     due_from, due_to = due_range(payment_id)
     row = conn.execute(q("redrive"), {
         "id": payment_id, "due_from": due_from, "due_to": due_to, "actor": actor,

@@ -36,6 +36,8 @@ SELECT id FROM cancelled;
 -- lets Postgres prune every future partition at PLAN time: with now() it
 -- prunes only at run time, after locking and planning all ~375 partitions
 -- (1,878 locks per claim instead of 13, measured on PostgreSQL 15).
+-- A payment first called at another processor than %(processor)s is never
+-- claimed (SPEC §3: one processor per payment): it waits for an operator.
 WITH RECURSIVE payers(payer) AS (
     (SELECT payer FROM payments
      WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s
@@ -57,6 +59,7 @@ WITH RECURSIVE payers(payer) AS (
         SELECT id, due_at, run_at FROM payments
         WHERE payer = payers.payer AND status = 'PENDING' AND run_at <= now()
           AND due_at <= %(now)s
+          AND (processor IS NULL OR processor = %(processor)s)
         ORDER BY run_at LIMIT share.rows_each
         FOR UPDATE SKIP LOCKED
     ) c
@@ -107,24 +110,38 @@ SELECT id, due_at, attempt FROM claimed ORDER BY turn;
 -- for every claim of a message at once. A claim whose fence fails is stale
 -- and dropped; a claim whose attempt row already exists is a duplicated
 -- message and is dropped too: the attempt row is the exclusive token.
+-- The payment is stamped with the processor about to be called (only ever
+-- that one after: a payment first called elsewhere is fenced out) and its
+-- in-flight bound moves to this call's: lease end + call timeout + the
+-- processor's settle margin (%(land_seconds)s past the lease).
 WITH claim AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
         AS c(id, due_at, attempt)
 ), fenced AS (
     UPDATE payments p
-    SET lease_until = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+    SET lease_until = now() + make_interval(secs => %(lease_seconds)s),
+        processor = %(processor)s,
+        calls_land_by = greatest(p.calls_land_by,
+            now() + make_interval(secs => %(lease_seconds)s + %(land_seconds)s)),
+        updated_at = now()
     FROM claim c
     WHERE p.id = c.id AND p.due_at = c.due_at AND p.status = 'PROCESSING'
       AND p.attempt = c.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      AND (p.processor IS NULL OR p.processor = %(processor)s)
     RETURNING p.id, p.due_at, p.attempt, p.payer, p.amount_minor, p.currency, p.failures,
-              p.in_doubt, p.key_in_use
+              p.in_doubt, p.key_in_use, p.customer, p.payment_method, p.key_generation,
+              p.gateway_intent_id, p.calls_land_by, p.in_doubt_since
 ), started AS (
-    INSERT INTO attempts (payment_id, attempt, gateway_key, outcome, worker, due_at)
-    SELECT id, attempt, id::text, 'IN_FLIGHT', %(worker)s, due_at FROM fenced
+    INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor,
+                          outcome, worker, due_at)
+    SELECT id, attempt,
+           CASE WHEN key_generation = 1 THEN id::text ELSE id::text || ':' || key_generation END,
+           key_generation, %(processor)s, 'IN_FLIGHT', %(worker)s, due_at
+    FROM fenced
     ON CONFLICT (payment_id, attempt) DO NOTHING
-    RETURNING payment_id
+    RETURNING payment_id, started_at
 )
-SELECT f.* FROM fenced f JOIN started s ON s.payment_id = f.id;
+SELECT f.*, s.started_at FROM fenced f JOIN started s ON s.payment_id = f.id;
 
 -- name: finish_attempts
 -- Each call's outcome on its own attempt row (also after the reaper marked
@@ -136,9 +153,10 @@ WITH outcome AS (
         %(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[], %(payers)s::text[],
         %(outcomes)s::text[], %(error_codes)s::text[], %(gateway_refs)s::text[],
         %(statuses)s::text[], %(delays)s::float8[], %(failures)s::int[], %(in_doubts)s::bool[],
-        %(failure_reasons)s::text[], %(key_in_uses)s::int[]
+        %(failure_reasons)s::text[], %(key_in_uses)s::int[], %(next_keys)s::bool[],
+        %(confirms)s::text[]
     ) AS o(id, due_at, attempt, payer, outcome, error_code, gateway_ref, status, delay,
-           failures, in_doubt, failure_reason, key_in_use)
+           failures, in_doubt, failure_reason, key_in_use, next_key, confirm)
 ), finished AS (
     UPDATE attempts a
     SET outcome = o.outcome, error_code = o.error_code, gateway_ref = o.gateway_ref,
@@ -146,21 +164,27 @@ WITH outcome AS (
     FROM outcome o
     WHERE a.payment_id = o.id AND a.attempt = o.attempt
       AND a.outcome IN ('IN_FLIGHT', 'LEASE_EXPIRED')
-    RETURNING a.payment_id
+    RETURNING a.payment_id, a.started_at
 ), moved AS (
+    -- in_doubt_since: when the oldest unresolved call was made (the key
+    -- retention rule), kept while in doubt, cleared with the doubt.
     UPDATE payments p
     SET status = o.status,
         run_at = CASE WHEN o.status = 'PENDING'
                       THEN greatest(p.due_at, now() + make_interval(secs => o.delay))
                       ELSE p.run_at END,
         failures = o.failures, in_doubt = o.in_doubt, failure_reason = o.failure_reason,
+        in_doubt_since = CASE WHEN o.in_doubt
+                              THEN coalesce(p.in_doubt_since, f.started_at, now()) END,
         key_in_use = o.key_in_use, last_error = coalesce(o.error_code, p.last_error),
+        key_generation = p.key_generation + CASE WHEN o.next_key THEN 1 ELSE 0 END,
+        gateway_intent_id = coalesce(o.confirm, p.gateway_intent_id),
         lease_until = NULL,
         updated_at = now()
-    FROM outcome o
+    FROM outcome o LEFT JOIN finished f ON f.payment_id = o.id
     WHERE p.id = o.id AND p.due_at = o.due_at AND p.status = 'PROCESSING'
       AND p.attempt = o.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
-    RETURNING p.id, p.status, p.run_at
+    RETURNING p.id, p.status, p.run_at, p.in_doubt
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
     SELECT o.id, o.payer,
@@ -171,6 +195,8 @@ WITH outcome AS (
                'outcome', o.outcome, 'errorCode', o.error_code, 'gatewayRef', o.gateway_ref,
                'failureReason', o.failure_reason,
                'nextAttemptAt', CASE WHEN m.status = 'PENDING' THEN m.run_at END,
+               -- parked in doubt: the outcome is unknown, a charge may exist
+               'outcomeUnknown', CASE WHEN m.status = 'FAILED' AND m.in_doubt THEN true END,
                'stale', m.id IS NULL))
     FROM outcome o
     JOIN finished f ON f.payment_id = o.id
@@ -179,7 +205,8 @@ WITH outcome AS (
     INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error)
     SELECT o.id, o.due_at, o.payer, o.failure_reason, o.error_code
     FROM outcome o JOIN moved m ON m.id = o.id
-    WHERE m.status = 'FAILED' AND o.failure_reason = 'RETRIES_EXHAUSTED'
+    WHERE m.status = 'FAILED'
+      AND o.failure_reason IN ('RETRIES_EXHAUSTED', 'LOOKUP_MISMATCH', 'GATEWAY_REJECTED')
     ON CONFLICT (payment_id) WHERE resolution IS NULL DO NOTHING
 )
 SELECT o.id, f.payment_id IS NOT NULL AS recorded, m.id IS NOT NULL AS moved, m.status
@@ -239,18 +266,20 @@ WITH decided AS (
     UPDATE attempts a SET outcome = 'LEASE_EXPIRED', finished_at = now()
     FROM decided d
     WHERE a.payment_id = d.id AND a.attempt = d.attempt AND a.outcome = 'IN_FLIGHT'
-    RETURNING a.payment_id
+    RETURNING a.payment_id, a.started_at
 ), reaped AS (
     UPDATE payments p
     SET status = d.status,
         failure_reason = d.failure_reason,
         lease_expiries = p.lease_expiries + 1,
         in_doubt = d.in_doubt,
+        in_doubt_since = CASE WHEN d.in_doubt
+                              THEN coalesce(p.in_doubt_since, m.started_at, now()) END,
         last_error = 'lease_expired',
         lease_until = NULL,
         run_at = greatest(p.run_at, p.due_at),
         updated_at = now()
-    FROM decided d
+    FROM decided d LEFT JOIN marked m ON m.payment_id = d.id
     WHERE p.id = d.id AND p.due_at = d.due_at AND p.status = 'PROCESSING'
       AND p.attempt = d.attempt AND p.lease_until < now()
       AND p.due_at = ANY(%(due_ats)s::timestamptz[])
@@ -276,14 +305,16 @@ SELECT id, status, in_doubt FROM reaped;
 WITH completed AS (
     UPDATE payments
     SET status = 'COMPLETED', attempt = attempt + 1, failure_reason = NULL, in_doubt = false,
-        updated_at = now()
+        in_doubt_since = NULL, updated_at = now()
     WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
       AND status IN ('FAILED', 'PENDING')
-    RETURNING id, due_at, payer, attempt
+    RETURNING id, due_at, payer, attempt, key_generation, processor
 ), audit AS (
-    INSERT INTO attempts (payment_id, attempt, gateway_key, outcome, gateway_ref, worker,
-                          finished_at, due_at)
-    SELECT id, attempt, id::text, %(outcome)s, %(gateway_ref)s, %(actor)s, now(), due_at
+    INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor, outcome,
+                          gateway_ref, worker, finished_at, due_at)
+    SELECT id, attempt,
+           CASE WHEN key_generation = 1 THEN id::text ELSE id::text || ':' || key_generation END,
+           key_generation, processor, %(outcome)s, %(gateway_ref)s, %(actor)s, now(), due_at
     FROM completed
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
@@ -300,14 +331,17 @@ WITH completed AS (
 SELECT id, attempt FROM completed;
 
 -- name: redrive
--- A parked payment back to PENDING with a fresh budget and the same key
--- (its gateway key is its id). Only RETRIES_EXHAUSTED and
--- LEASE_EXPIRED_REPEATEDLY: a decline needs a new payment.
+-- A parked payment back to PENDING with a fresh budget and the next key
+-- generation (the processor may replay a stored answer for the old key),
+-- after a lookup found nothing conclusively (paycron.dead_letters). Only
+-- RETRIES_EXHAUSTED and LEASE_EXPIRED_REPEATEDLY: a decline needs a new
+-- payment.
 WITH redriven AS (
     UPDATE payments
     SET status = 'PENDING', failure_reason = NULL, failures = 0, lease_expiries = 0,
-        key_in_use = 0,
-        in_doubt = false, run_at = greatest(due_at, now()), updated_at = now()
+        key_in_use = 0, key_generation = key_generation + 1,
+        in_doubt = false, in_doubt_since = NULL, run_at = greatest(due_at, now()),
+        updated_at = now()
     WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
       AND status = 'FAILED'
       AND failure_reason IN ('RETRIES_EXHAUSTED', 'LEASE_EXPIRED_REPEATEDLY')

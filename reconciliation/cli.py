@@ -16,7 +16,7 @@ import click
 from paycron.config import Config
 from paycron.db import connect
 from paycron.errors import ConfigError
-from paycron.gateway_client import HttpGateway
+from paycron.gateway import build_gateway
 from paycron.observability import configure_logging, init_sentry
 from reconciliation.errors import ReconciliationError
 from reconciliation.report import fetch_window, read_file
@@ -60,7 +60,7 @@ def reconcile(day: str, report_file: str | None) -> None:
         if report_file is not None:
             charges, source = read_file(report_file), "file"
         else:
-            gateway = HttpGateway(config.gateway_url, timeout=config.gateway_timeout_seconds)
+            gateway = build_gateway(config, max_connections=4)
             charges, source = fetch_window(gateway, the_day), "gateway"
         with connect(config) as conn:
             result = reconcile_day(conn, the_day, charges, source=source, gateway=gateway)

@@ -117,9 +117,9 @@ def judge_charge(charge: ReportCharge, payment: PaymentView | None, *,
     pid = parse_payment_id(charge.reference)
     if charge.status != SUCCEEDED:
         return Verdict.MISMATCH, [Item(ItemKind.UNEXPECTED_CHARGE_STATUS, pid,
-                                       charge.charge_id, detail)]
+                                       charge.id, detail)]
     if payment is None:
-        return Verdict.MISMATCH, [Item(ItemKind.UNKNOWN_REFERENCE, pid, charge.charge_id,
+        return Verdict.MISMATCH, [Item(ItemKind.UNKNOWN_REFERENCE, pid, charge.id,
                                        detail)]
     detail.update(_payment_detail(payment))
     pages = []
@@ -130,11 +130,11 @@ def judge_charge(charge: ReportCharge, payment: PaymentView | None, *,
     if payment.status is Status.CANCELLED:
         pages.append(ItemKind.CHARGE_FOR_CANCELLED)
     if pages or duplicated:
-        return Verdict.MISMATCH, [Item(k, payment.id, charge.charge_id, detail) for k in pages]
+        return Verdict.MISMATCH, [Item(k, payment.id, charge.id, detail) for k in pages]
     if payment.status is Status.COMPLETED:
         return Verdict.MATCHED, []
     if payment.status is Status.PROCESSING:
-        return Verdict.DEFERRED, [Item(ItemKind.DEFERRED, payment.id, charge.charge_id, detail)]
+        return Verdict.DEFERRED, [Item(ItemKind.DEFERRED, payment.id, charge.id, detail)]
     return Verdict.REPAIR, []  # FAILED or PENDING: our miss
 
 
@@ -143,8 +143,8 @@ def unique_charges(charges: Iterable[ReportCharge]) -> list[ReportCharge]:
     or a file, may repeat a row."""
     seen: dict[str, ReportCharge] = {}
     for charge in charges:
-        seen.setdefault(charge.charge_id, charge)
-    return sorted(seen.values(), key=lambda c: (c.created_at, c.charge_id))
+        seen.setdefault(charge.id, charge)
+    return sorted(seen.values(), key=lambda c: (c.created_at, c.id))
 
 
 def _duplicates(day: date, charges: Sequence[ReportCharge]) -> tuple[set[str], list[Item]]:
@@ -163,7 +163,7 @@ def _duplicates(day: date, charges: Sequence[ReportCharge]) -> tuple[set[str], l
         on_day = [c for c in group[1:] if c.day == day] or [c for c in group if c.day == day]
         if on_day:
             items.append(Item(ItemKind.DUPLICATE_CHARGE, parse_payment_id(group[0].reference),
-                              on_day[0].charge_id,
+                              on_day[0].id,
                               {"idempotencyKey": key, "charges": [c.as_detail() for c in group]}))
     return keys, items
 

@@ -18,11 +18,13 @@ from datetime import date
 
 from psycopg import Connection
 
-from paycron import transitions
+from paycron import lookups, transitions
 from paycron.enums import Outcome, Status
 from paycron.errors import GatewayError
-from paycron.gateway_client import Gateway
+from paycron.gateway import Gateway
 from paycron.ids import parse_payment_id
+from paycron.payments import get_payment
+from paycron.policy import Answer
 from reconciliation import store
 from reconciliation.diff import (
     Item,
@@ -75,24 +77,25 @@ def _repair(conn: Connection, run_id: int, repair: Repair, before: PaymentView,
     detail = {"charge": charge.as_detail(), "paymentStatus": before.status.value}
     with conn.transaction():
         if transitions.complete_from_gateway(conn, repair.payment_id, outcome=Outcome.RECONCILED,
-                                             gateway_ref=charge.charge_id, actor=ACTOR):
-            item = Item(ItemKind.REPAIRED, repair.payment_id, charge.charge_id, detail)
+                                             gateway_ref=charge.id, actor=ACTOR):
+            item = Item(ItemKind.REPAIRED, repair.payment_id, charge.id, detail)
             store.record_items(conn, run_id, [item])
             log.info("reconciliation repaired payment=%s charge=%s from=%s", repair.payment_id,
-                     charge.charge_id, before.status.value)
+                     charge.id, before.status.value)
             return [item]
     # Lost: a worker, a human or a cancel moved it since it was read.
     now = store.load_payments(conn, [repair.payment_id]).get(repair.payment_id)
     verdict, items = judge_charge(charge, now)
     if verdict is Verdict.REPAIR:  # moved and came back: a later run tries again
-        return [Item(ItemKind.DEFERRED, repair.payment_id, charge.charge_id,
+        return [Item(ItemKind.DEFERRED, repair.payment_id, charge.id,
                      {**detail, "reason": "repair lost its compare-and-swap"})]
     if verdict is Verdict.MATCHED:
         tally["matched"] += 1
     return items
 
 
-def _confirm_missing(gateway: Gateway, items: list[Item], tally: Counter) -> list[Item]:
+def _confirm_missing(conn: Connection, gateway: Gateway, items: list[Item],
+                     tally: Counter) -> list[Item]:
     """Ask the gateway by reference about each COMPLETED_WITHOUT_CHARGE before
     paging: a charge made outside the three days (a re-drive's lookup days
     later) is still a charge. A failed lookup pages: nothing was proven."""
@@ -101,16 +104,17 @@ def _confirm_missing(gateway: Gateway, items: list[Item], tally: Counter) -> lis
         if item.kind is not ItemKind.COMPLETED_WITHOUT_CHARGE:
             kept.append(item)
             continue
+        payment = get_payment(conn, item.payment_id, actor=None, with_attempts=False)
         try:
-            charge = gateway.find_charge(str(item.payment_id))
+            lookup = lookups.look_up(gateway, payment)
         except GatewayError as exc:
             kept.append(Item(item.kind, item.payment_id, None,
                              {**item.detail, "lookupError": str(exc)}))
             continue
-        if charge is None:
-            kept.append(item)
-        else:
+        if lookup.answer is Answer.CHARGED:
             tally["matched_by_lookup"] += 1
+        else:
+            kept.append(item)
     return kept
 
 
@@ -138,7 +142,7 @@ def reconcile_day(conn: Connection, day: date, charges: Iterable[ReportCharge], 
     tally["charges"] = len(of_day)
     found = diff.items
     if gateway is not None:
-        found = _confirm_missing(gateway, found, tally)
+        found = _confirm_missing(conn, gateway, found, tally)
     repaired, found = [], list(found)
     for repair in diff.repairs:
         for item in _repair(conn, run_id, repair, payments[repair.payment_id], tally):

@@ -46,13 +46,15 @@ class SweepSettings:
     lease_seconds: float
     group_size: int
     claim_ahead: int  # claims queued beyond those in flight, at most
+    processor: str = "fake"  # payments first called elsewhere are not claimed
 
     @classmethod
     def from_config(cls, config: Config) -> SweepSettings:
         return cls(interval_seconds=config.sweep_interval_seconds,
                    claim_batch=config.claim_batch, lease_seconds=config.lease_seconds,
                    group_size=config.group_size,
-                   claim_ahead=max(1, round(config.gateway_rate_limit * CLAIM_AHEAD_SECONDS)))
+                   claim_ahead=max(1, round(config.gateway_rate_limit * CLAIM_AHEAD_SECONDS)),
+                   processor=config.gateway)
 
 
 @dataclass
@@ -94,7 +96,8 @@ class Sweeper(PeriodicService):
 
     def _claim(self, limit: int) -> list[Claim]:
         with self.pool.connection() as conn:
-            claims = claim_due(conn, limit=limit, lease_seconds=self.settings.lease_seconds)
+            claims = claim_due(conn, limit=limit, lease_seconds=self.settings.lease_seconds,
+                               processor=self.settings.processor)
         # Committed: from here a crash leaves leased rows for the reaper.
         metrics.CLAIMS.inc(len(claims))
         return claims

@@ -11,7 +11,7 @@ from paycron.breaker import CircuitBreaker
 from paycron.config import Config
 from paycron.db import make_pool, make_redis
 from paycron.execution import Executor
-from paycron.gateway_client import build_gateway
+from paycron.gateway import build_gateway
 from paycron.inflight import Dispatcher, InFlightLimit
 from paycron.metrics import serve_metrics
 from paycron.pacing import CallLimiter

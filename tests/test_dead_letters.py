@@ -66,12 +66,16 @@ def test_redrive_of_a_charged_payment_collapses_into_the_original_charge(cli, co
     assert gateway.charges_per_key() == {str(row["id"]): 1}
 
 
-def test_redrive_without_a_charge_gets_a_fresh_budget_and_the_same_key(cli, conn, gateway,
-                                                                         config):
-    row = park(conn)
+def test_redrive_without_a_charge_gets_a_fresh_budget_and_the_next_key(cli, conn, gateway,
+                                                                        config):
+    # In doubt, but every call is past its in-flight bound: the lookup's
+    # "none" is conclusive, and the processor may replay a stored answer for
+    # the old key, so the re-drive charges under the next generation.
+    row = park(conn, in_doubt=True, calls_land_by=datetime.now(UTC) - timedelta(seconds=1))
     cli("dlq", "redrive", str(row["id"]), "--by", "ops-ann")
     again = payment(conn, row["id"])
-    assert (again["status"], again["failures"], again["failure_reason"]) == ("PENDING", 0, None)
+    assert (again["status"], again["failures"], again["failure_reason"], again["in_doubt"],
+            again["key_generation"]) == ("PENDING", 0, None, False, 2)
     assert letter(conn, row["id"])["resolution"] == "REDRIVEN"
     engine = Engine(config)
     try:
@@ -79,7 +83,29 @@ def test_redrive_without_a_charge_gets_a_fresh_budget_and_the_same_key(cli, conn
     finally:
         engine.close()
     assert payment(conn, row["id"])["status"] == "COMPLETED"
-    assert gateway.charges_per_key() == {str(row["id"]): 1}
+    assert gateway.charges_per_key() == {f"{row['id']}:2": 1}
+
+
+def test_redrive_refused_while_a_call_may_still_land(cli, conn, gateway):
+    # SPEC §3: "none" is conclusive only past the in-flight bound; before it a
+    # zombie's call could still charge, so nothing changes and the operator
+    # is told when to come back.
+    bound = datetime.now(UTC) + timedelta(minutes=10)
+    row = park(conn, in_doubt=True, calls_land_by=bound)
+    result = cli("dlq", "redrive", str(row["id"]), "--by", "ops-ann", ok=False)
+    assert result.exit_code != 0 and bound.isoformat()[:16] in result.output
+    again = payment(conn, row["id"])
+    assert (again["status"], again["in_doubt"], again["key_generation"]) == ("FAILED", True, 1)
+    assert letter(conn, row["id"])["resolution"] is None
+
+
+def test_redrive_refused_when_the_processor_holds_another_amount(cli, conn, gateway):
+    row = park(conn, in_doubt=True, calls_land_by=datetime.now(UTC) - timedelta(seconds=1))
+    gateway.charge(row, amount=row["amount_minor"] + 1)
+    result = cli("dlq", "redrive", str(row["id"]), "--by", "ops-ann", ok=False)
+    assert result.exit_code != 0 and "another amount" in result.output
+    again = payment(conn, row["id"])
+    assert (again["status"], again["key_generation"]) == ("FAILED", 1)
     assert gateway.ledger()[0]["idempotency_key"] == str(row["id"])
 
 

@@ -12,6 +12,7 @@ from paycron.breaker import CircuitBreaker
 from paycron.db import make_pool
 from paycron.enums import Outcome
 from paycron.execution import Executor
+from paycron.gateway import ChargeRequest
 from paycron.gateway_client import HttpGateway
 from paycron.transitions import UNWRITABLE, claim_due
 from tests.factories import insert_payment
@@ -21,7 +22,8 @@ def charge(scripted, status, body=b"{}", headers=None):
     scripted.answers[100] = (status, headers or {}, body)
     client = HttpGateway(scripted.url, timeout=2)
     try:
-        return client.charge(idempotency_key="k", amount=100, currency="USD", reference="r")
+        return client.charge(ChargeRequest(
+            reference="r", idempotency_key="k", amount=100, currency="USD"))
     finally:
         client.close()
 

@@ -32,9 +32,9 @@ class RecordingGateway(HttpGateway):
         super().__init__(*args, **kwargs)
         self.timeouts: list[float | None] = []
 
-    def charge(self, **kwargs):
+    def charge(self, request, **kwargs):
         self.timeouts.append(kwargs.get("timeout"))
-        return super().charge(**kwargs)
+        return super().charge(request, **kwargs)
 
 
 @pytest.fixture
@@ -198,19 +198,23 @@ def test_a_failed_group_frees_its_room_too():
     assert executor.ran == [2] and limit.held == 0
 
 
-@pytest.mark.parametrize("found", [
-    {"amount": 9999, "currency": "USD", "status": "succeeded"},  # another amount
-    {"amount": 2500, "currency": "EUR", "status": "succeeded"},  # another currency
-    {"amount": 2500, "currency": "USD", "status": "failed"},  # not charged
-    {"amount": 2500, "currency": "USD", "status": "pending"},  # not yet
+@pytest.mark.parametrize(("found", "status", "reason"), [
+    # another amount or currency: "mismatched", parked for a human, never a new key
+    ({"amount": 9999, "currency": "USD", "status": "succeeded"}, "FAILED", "LOOKUP_MISMATCH"),
+    ({"amount": 2500, "currency": "EUR", "status": "succeeded"}, "FAILED", "LOOKUP_MISMATCH"),
+    # not charged, or in a status that is none of ours: proves nothing
+    ({"amount": 2500, "currency": "USD", "status": "failed"}, "PENDING", None),
+    ({"amount": 2500, "currency": "USD", "status": "pending"}, "PENDING", None),
 ])
-def test_a_lookup_completes_only_on_this_payments_charge(conn, scripted, make_executor, found):
+def test_a_lookup_completes_only_on_this_payments_charge(conn, scripted, make_executor, found,
+                                                         status, reason):
     scripted.answers[2500] = (409, {}, b"{}")
     row = insert_payment(conn, key_in_use=KEY_IN_USE_LOOKUP_AFTER - 1, in_doubt=True)
     scripted.charges[str(row["id"])] = [{"id": "ch_x", "reference": str(row["id"]), **found}]
     make_executor().execute(claim_due(conn, limit=1, lease_seconds=30))
     after = payment(conn, row["id"])
-    assert (after["status"], after["in_doubt"]) == ("PENDING", True)
+    assert (after["status"], after["failure_reason"], after["in_doubt"],
+            after["key_generation"]) == (status, reason, True, 1)
     assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["KEY_IN_USE"]
 
 
@@ -223,8 +227,8 @@ def test_an_absurd_lookup_answer_does_not_lose_the_groups_outcomes(
     looked_up = insert_payment(conn, key_in_use=KEY_IN_USE_LOOKUP_AFTER - 1, in_doubt=True)
     neighbour = insert_payment(conn, amount_minor=111)
     executor = make_executor()
-    monkeypatch.setattr(executor.gateway, "find_charge",
-                        lambda reference: (_ for _ in ()).throw(TypeError("not JSON")))
+    monkeypatch.setattr(executor.gateway, "find_charges",
+                        lambda request: (_ for _ in ()).throw(TypeError("not JSON")))
     executor.execute(claim_due(conn, limit=2, lease_seconds=30))
     assert payment(conn, neighbour["id"])["status"] == "COMPLETED"
     after = payment(conn, looked_up["id"])

@@ -46,7 +46,8 @@ STATEMENTS = {
         "in_doubts": [True]}),
     "count_queued": lambda conn, row: transitions.count_queued(conn),
     "start_attempts": lambda conn, row: conn.execute(q("start_attempts"), {
-        **claim_params(row), "lease_seconds": 30, "worker": "w"}),
+        **claim_params(row), "lease_seconds": 30, "worker": "w", "processor": "fake",
+        "land_seconds": 610}),
     "release_claims": lambda conn, row: conn.execute(q("release_claims"), claim_params(row)),
     "get_payment": lambda conn, row: payments.get_payment(conn, row["id"], actor="alice"),
     "cancel": lambda conn, row: conn.execute(q("cancel"), {
@@ -72,5 +73,5 @@ def test_a_statement_on_now_would_lock_everything(conn):
     """The control: the same sweep written with now() locks every partition."""
     sweep_on_now = q("lock_due_fairly").replace("%(now)s", "now()")
     taken = locks_taken(conn, lambda: conn.execute(
-        sweep_on_now, {"limit": 100, "lease_seconds": 30}))
+        sweep_on_now, {"limit": 100, "lease_seconds": 30, "processor": "fake"}))
     assert taken > 1000

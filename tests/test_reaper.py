@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from paycron import transitions
 from paycron.enums import Outcome, Status
-from paycron.gateway_client import CallResult
+from paycron.gateway import CallResult, ChargeRequest
 from paycron.policy import Decision
 from paycron.transitions import Claim, Finished
 from tests.factories import insert_payment
@@ -105,8 +105,8 @@ def test_the_reaper_never_touches_a_row_that_completed(engine, conn, gateway):
 def test_a_reclaimed_payment_is_charged_once(engine, conn, gateway):
     claim, row = started(engine, conn)
     # The zombie's call lands at the gateway but it never records it.
-    engine.gateway.charge(idempotency_key=str(row["id"]), amount=row["amount_minor"],
-                          currency="USD", reference=str(row["id"]))
+    engine.gateway.charge(ChargeRequest(reference=str(row["id"]), idempotency_key=str(row["id"]),
+                                        amount=row["amount_minor"], currency="USD"))
     expire(conn, row["id"])
     engine.reaper.run_once()
     engine.drain()

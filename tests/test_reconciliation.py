@@ -18,7 +18,8 @@ from paycron import transitions
 from paycron.cli import main
 from paycron.enums import Outcome, Status
 from paycron.errors import GatewayError
-from paycron.gateway_client import CallResult, HttpGateway
+from paycron.gateway import CallResult
+from paycron.gateway_client import HttpGateway
 from paycron.ids import new_payment_id
 from paycron.observability import scrub
 from reconciliation import run as run_module
@@ -55,7 +56,7 @@ def a_charge(payment: PaymentView | None = None, *, at=NOON, amount=None, curren
              status="succeeded", key=None, charge_id=None) -> ReportCharge:
     reference = str(payment.id) if payment else str(new_payment_id(at))
     return ReportCharge(
-        charge_id=charge_id or f"ch_{uuid.uuid4().hex[:24]}", idempotency_key=key or reference,
+        id=charge_id or f"ch_{uuid.uuid4().hex[:24]}", idempotency_key=key or reference,
         reference=reference,
         amount=amount if amount is not None else (payment.amount_minor if payment else 2500),
         currency=currency or (payment.currency if payment else "USD"), status=status,
@@ -89,7 +90,8 @@ def test_a_charge_is_judged_by_its_payments_status(status, verdict):
 def test_a_charge_for_no_payment_of_ours_pages():
     verdict, [item] = judge_charge(a_charge(), None)
     assert (verdict, item.kind) == (Verdict.MISMATCH, ItemKind.UNKNOWN_REFERENCE)
-    stranger = ReportCharge("ch_1", "k", "not-a-payment-id", 100, "USD", "succeeded", NOON)
+    stranger = ReportCharge(id="ch_1", idempotency_key="k", reference="not-a-payment-id",
+                            amount=100, currency="USD", status="succeeded", created_at=NOON)
     verdict, [item] = judge_charge(stranger, None)
     assert (item.kind, item.payment_id) == (ItemKind.UNKNOWN_REFERENCE, None)
 
@@ -127,8 +129,8 @@ def test_two_charges_for_one_key_page_once_and_block_the_repair():
     diff = classify(DAY, [second, first], {payment.id: payment}, [])
     assert kinds(diff) == [ItemKind.DUPLICATE_CHARGE] and diff.repairs == []
     [item] = diff.items
-    assert item.charge_id == second.charge_id and item.payment_id == payment.id
-    assert [c["chargeId"] for c in item.detail["charges"]] == [first.charge_id, second.charge_id]
+    assert item.charge_id == second.id and item.payment_id == payment.id
+    assert [c["chargeId"] for c in item.detail["charges"]] == [first.id, second.id]
 
 
 def test_a_duplicate_across_midnight_pages_in_the_runs_of_both_days():
@@ -175,7 +177,7 @@ def test_only_the_days_charges_are_judged_the_neighbours_only_match():
 
 def report_text(*charges: ReportCharge) -> str:
     lines = [",".join(COLUMNS)]
-    lines += [f"{c.charge_id},{c.idempotency_key},{c.reference},{c.amount},{c.currency},"
+    lines += [f"{c.id},{c.idempotency_key},{c.reference},{c.amount},{c.currency},"
               f"{c.status},{c.created_at.isoformat()}" for c in charges]
     return "\n".join(lines) + "\n"
 
@@ -513,13 +515,13 @@ class ResponsesLost(HttpGateway):
     answers are lost here, as a broken network between us would lose them.
     """
 
-    def charge(self, **kwargs) -> CallResult:
-        result = super().charge(**kwargs)
+    def charge(self, request, **kwargs) -> CallResult:
+        result = super().charge(request, **kwargs)
         if result.outcome is Outcome.SUCCEEDED:
             return CallResult(Outcome.AMBIGUOUS, error_code="ProtocolError", in_doubt=True)
         return result
 
-    def find_charge(self, reference):
+    def find_charges(self, request):
         raise GatewayError("gateway unreachable: lookups are down")
 
 

@@ -19,16 +19,20 @@ import pytest
 
 from paycron.config import Config
 from paycron.enums import FailureReason, Outcome, Status
-from paycron.gateway_client import CallResult
+from paycron.gateway import CallResult, Charge
 from paycron.policy import (
     DEFAULT_RATE_LIMIT_DELAY,
     KEY_IN_USE_LOOKUP_AFTER,
     KEY_IN_USE_MAX_DELAY,
+    PROCESSING_RECHECK_DELAY,
+    Answer,
     Decision,
+    Lookup,
     after_lease_expiry,
     after_lookup,
     backoff,
     decide,
+    judge_lookup,
 )
 
 CONFIG = Config(retry_delays=(60.0, 300.0, 1800.0), retry_jitter=0.2, max_lease_expiries=3)
@@ -53,11 +57,25 @@ ANSWERS = {
     "refused": CallResult(Outcome.RETRYABLE_ERROR, error_code="NewConnectionError"),
     "http_503": CallResult(Outcome.RETRYABLE_ERROR, error_code="http_503", in_doubt=True),
     "timeout": CallResult(Outcome.AMBIGUOUS, error_code="ReadTimeoutError", in_doubt=True),
+    # Stripe's answers (paycron.stripe_gateway's table) beside the fake's.
+    "retry_decline": CallResult(Outcome.DECLINED, gateway_ref="pi_1", error_code="try_again_later",
+                                retry_decline=True),
+    "customer_action": CallResult(Outcome.DECLINED, gateway_ref="pi_1",
+                                  error_code="authentication_required",
+                                  failure_reason=FailureReason.CUSTOMER_ACTION_REQUIRED),
+    "invalid_request": CallResult(Outcome.REJECTED, error_code="resource_missing",
+                                  failure_reason=FailureReason.INVALID_REQUEST),
+    "idempotency_error": CallResult(Outcome.REJECTED, error_code="idempotency_error",
+                                    failure_reason=FailureReason.GATEWAY_REJECTED),
+    "auth_failed": CallResult(Outcome.AUTH_FAILED, error_code="http_401"),
 }
 
 P, C, F = Status.PENDING, Status.COMPLETED, Status.FAILED
 DEC, EXH = FailureReason.DECLINED, FailureReason.RETRIES_EXHAUSTED
 LER = FailureReason.LEASE_EXPIRED_REPEATEDLY
+CAR, INV = FailureReason.CUSTOMER_ACTION_REQUIRED, FailureReason.INVALID_REQUEST
+REJ, MIS = FailureReason.GATEWAY_REJECTED, FailureReason.LOOKUP_MISMATCH
+AUTH = (CONFIG.circuit_open_seconds, CONFIG.circuit_open_seconds * SPREAD)
 NOW = (0.0, 0.0)
 RL = (DEFAULT_RATE_LIMIT_DELAY, DEFAULT_RATE_LIMIT_DELAY * SPREAD)
 RL30 = (30.0, 30.0 * SPREAD)
@@ -110,7 +128,7 @@ DECIDE = [
     case("429", 3, True, P, 3, True, None, False, RL),
     case("429", 4, False, P, 4, False, None, False, RL),
     case("429", 4, True, P, 4, True, None, False, RL),
-    case("429", 0, True, P, 0, True, None, False, RL, streak=5),
+    case("429", 0, True, P, 0, True, None, False, RL, streak=5, streak_after=5),
     case("429-retry-after-30s", 0, False, P, 0, False, None, False, RL30),
     case("429-retry-after-30s", 0, True, P, 0, True, None, False, RL30),
     case("429-retry-after-30s", 2, False, P, 2, False, None, False, RL30),
@@ -141,6 +159,7 @@ DECIDE = [
     case("not_sent", 3, True, P, 3, True, None, False, NOW),
     case("not_sent", 4, False, P, 4, False, None, False, NOW),
     case("not_sent", 4, True, P, 4, True, None, False, NOW),
+    case("not_sent", 0, True, P, 0, True, None, False, NOW, streak=5, streak_after=5),
     # A refused connection never reached the gateway: it uses budget but
     # adds no doubt (and clears none); the last call parks, looked up only
     # if an earlier call left it in doubt.
@@ -171,7 +190,69 @@ DECIDE = [
     case("timeout", 4, False, F, 5, True, EXH, True, NOW),
     case("timeout", 4, True, F, 5, True, EXH, True, NOW),
     case("timeout", 0, True, P, 1, True, None, False, D1, streak=5),
+    # A decline the processor advises retrying: within the budget, again
+    # later (the same intent, the next key: test_a_retried_decline_moves_the_key);
+    # its last call is a plain decline.
+    case("retry_decline", 0, False, P, 1, False, None, False, D1),
+    case("retry_decline", 0, True, P, 1, False, None, False, D1),
+    case("retry_decline", 2, False, P, 3, False, None, False, D3),
+    case("retry_decline", 2, True, P, 3, False, None, False, D3),
+    case("retry_decline", 3, False, F, 3, False, DEC, False, NOW),
+    case("retry_decline", 3, True, F, 3, False, DEC, False, NOW),
+    case("retry_decline", 4, False, F, 4, False, DEC, False, NOW),
+    case("retry_decline", 4, True, F, 4, False, DEC, False, NOW),
+    # The customer must authenticate: a decline with its own reason.
+    case("customer_action", 0, False, F, 0, False, CAR, False, NOW),
+    case("customer_action", 0, True, F, 0, False, CAR, False, NOW),
+    case("customer_action", 2, False, F, 2, False, CAR, False, NOW),
+    case("customer_action", 2, True, F, 2, False, CAR, False, NOW),
+    case("customer_action", 3, False, F, 3, False, CAR, False, NOW),
+    case("customer_action", 3, True, F, 3, False, CAR, False, NOW),
+    case("customer_action", 4, False, F, 4, False, CAR, False, NOW),
+    case("customer_action", 4, True, F, 4, False, CAR, False, NOW),
+    # Refused before executing: FAILED, no budget; in doubt from an earlier
+    # call it is looked up first (every path from doubt to FAILED is).
+    case("invalid_request", 0, False, F, 0, False, INV, False, NOW),
+    case("invalid_request", 0, True, F, 0, True, INV, True, NOW),
+    case("invalid_request", 2, False, F, 2, False, INV, False, NOW),
+    case("invalid_request", 2, True, F, 2, True, INV, True, NOW),
+    case("invalid_request", 3, False, F, 3, False, INV, False, NOW),
+    case("invalid_request", 3, True, F, 3, True, INV, True, NOW),
+    case("invalid_request", 4, False, F, 4, False, INV, False, NOW),
+    case("invalid_request", 4, True, F, 4, True, INV, True, NOW),
+    # Our parameters changed under a live key: it may have charged under the
+    # first ones, so always looked up first; never retried under another key.
+    case("idempotency_error", 0, False, F, 0, False, REJ, True, NOW),
+    case("idempotency_error", 0, True, F, 0, True, REJ, True, NOW),
+    case("idempotency_error", 2, False, F, 2, False, REJ, True, NOW),
+    case("idempotency_error", 2, True, F, 2, True, REJ, True, NOW),
+    case("idempotency_error", 3, False, F, 3, False, REJ, True, NOW),
+    case("idempotency_error", 3, True, F, 3, True, REJ, True, NOW),
+    case("idempotency_error", 4, False, F, 4, False, REJ, True, NOW),
+    case("idempotency_error", 4, True, F, 4, True, REJ, True, NOW),
+    # Our credentials were refused: not the payment's fault. No budget,
+    # nothing parked (even at the budget), doubt and streak kept, back
+    # after the breaker's open time.
+    case("auth_failed", 0, False, P, 0, False, None, False, AUTH),
+    case("auth_failed", 0, True, P, 0, True, None, False, AUTH),
+    case("auth_failed", 2, False, P, 2, False, None, False, AUTH),
+    case("auth_failed", 2, True, P, 2, True, None, False, AUTH),
+    case("auth_failed", 3, False, P, 3, False, None, False, AUTH),
+    case("auth_failed", 3, True, P, 3, True, None, False, AUTH),
+    case("auth_failed", 4, False, P, 4, False, None, False, AUTH),
+    case("auth_failed", 4, True, P, 4, True, None, False, AUTH, streak=5, streak_after=5),
 ]
+
+
+def test_a_retried_decline_moves_the_key_and_confirms_the_same_intent():
+    d = decide(ANSWERS["retry_decline"], failures=0, in_doubt=False, config=CONFIG)
+    assert (d.next_key, d.confirm) == (True, "pi_1")
+    # No other answer moves the key (SPEC §3: never after a 409, 429, 5xx,
+    # timeout or idempotency_error).
+    for name, answer in ANSWERS.items():
+        if name != "retry_decline":
+            moved = decide(answer, failures=0, in_doubt=True, config=CONFIG).next_key
+            assert not moved, name
 
 
 def test_the_tables_sit_on_the_edges():
@@ -244,20 +325,96 @@ def test_after_lease_expiry(lease_expiries, doubt, in_flight, status, reason, do
 EXHAUSTED = Decision(F, failures=4, in_doubt=True, failure_reason=EXH, needs_lookup=True)
 TENTH_409 = Decision(P, delay=60.0, failures=1, in_doubt=True, needs_lookup=True,
                      key_in_use=10)
+REJECTED = Decision(F, failures=2, in_doubt=True, failure_reason=REJ, needs_lookup=True)
+CHARGED = Lookup(Answer.CHARGED, charge=Charge("ch_1", "p", 2500, "USD", "succeeded"))
+PROCESSING_ = Lookup(Answer.PROCESSING, charge=Charge("ch_1", "p", 2500, "USD", "processing"))
+MISMATCHED = Lookup(Answer.MISMATCHED, charge=Charge("ch_1", "p", 9999, "USD", "succeeded"))
+NONE_YET = Lookup(Answer.NONE, conclusive=False)
+NONE = Lookup(Answer.NONE, conclusive=True)
+RECHECK = PROCESSING_RECHECK_DELAY
 
 
-@pytest.mark.parametrize("before,charged,after", [
-    pytest.param(EXHAUSTED, True, Decision(C, failures=4), id="exhausted-charge-found"),
-    pytest.param(EXHAUSTED, False,
+@pytest.mark.parametrize("before,lookup,after", [
+    # A charge found completes, whatever was about to happen.
+    pytest.param(EXHAUSTED, CHARGED, Decision(C, failures=4), id="exhausted-charged"),
+    pytest.param(TENTH_409, CHARGED, Decision(C, failures=1), id="tenth_409-charged"),
+    pytest.param(REJECTED, CHARGED, Decision(C, failures=2), id="rejected-charged"),
+    # Another amount, currency or customer: parked for a human, doubt kept, key kept.
+    pytest.param(EXHAUSTED, MISMATCHED,
+                 Decision(F, failures=4, in_doubt=True, failure_reason=MIS),
+                 id="exhausted-mismatched"),
+    pytest.param(TENTH_409, MISMATCHED,
+                 Decision(F, failures=1, in_doubt=True, failure_reason=MIS),
+                 id="tenth_409-mismatched"),
+    # Still processing there: wait, in doubt, and ask again.
+    pytest.param(EXHAUSTED, PROCESSING_, Decision(P, delay=RECHECK, failures=4, in_doubt=True),
+                 id="exhausted-processing"),
+    pytest.param(TENTH_409, PROCESSING_, Decision(P, delay=RECHECK, failures=1, in_doubt=True),
+                 id="tenth_409-processing"),
+    # None, while a call may still land: the decision stands, in doubt.
+    pytest.param(EXHAUSTED, NONE_YET,
                  Decision(F, failures=4, in_doubt=True, failure_reason=EXH),
-                 id="exhausted-none-parks-in-doubt"),
-    pytest.param(TENTH_409, True, Decision(C, failures=1), id="tenth_409-charge-found"),
-    pytest.param(TENTH_409, False,
+                 id="exhausted-none-yet-parks-in-doubt"),
+    pytest.param(TENTH_409, NONE_YET,
                  Decision(P, delay=60.0, failures=1, in_doubt=True, key_in_use=10),
-                 id="tenth_409-none-asks-again-in-doubt"),
+                 id="tenth_409-none-yet-asks-again-in-doubt"),
+    pytest.param(REJECTED, NONE_YET,
+                 Decision(F, failures=2, in_doubt=True, failure_reason=REJ),
+                 id="rejected-none-yet-parks-in-doubt"),
+    # A conclusive none settles the doubt; a payment to be called again
+    # moves to its next key generation, a parked one keeps its key.
+    pytest.param(EXHAUSTED, NONE, Decision(F, failures=4, failure_reason=EXH),
+                 id="exhausted-none-parks-sure"),
+    pytest.param(TENTH_409, NONE, Decision(P, delay=60.0, failures=1, next_key=True),
+                 id="tenth_409-none-next-key"),
+    pytest.param(REJECTED, NONE, Decision(F, failures=2, failure_reason=REJ),
+                 id="rejected-none-parks-sure"),
 ])
-def test_after_lookup(before, charged, after):
-    assert after_lookup(before, charged=charged) == after
+def test_after_lookup(before, lookup, after):
+    assert after_lookup(before, lookup) == after
+
+
+def charge(status="succeeded", amount=2500, currency="USD", reference="p", customer=None,
+           id="ch_1"):
+    return Charge(id, reference, amount, currency, status, customer=customer)
+
+
+@pytest.mark.parametrize("found,answer", [
+    pytest.param([], Answer.NONE, id="nothing"),
+    pytest.param([charge()], Answer.CHARGED, id="succeeded"),
+    pytest.param([charge("refunded")], Answer.CHARGED, id="refunded-is-charged"),
+    pytest.param([charge(currency="usd")], Answer.CHARGED, id="currency-case"),
+    pytest.param([charge("processing")], Answer.PROCESSING, id="processing"),
+    pytest.param([charge("failed")], Answer.NONE, id="failed-proves-nothing"),
+    pytest.param([charge(reference="other")], Answer.NONE, id="another-reference"),
+    pytest.param([charge(amount=9999)], Answer.MISMATCHED, id="another-amount"),
+    pytest.param([charge(currency="EUR")], Answer.MISMATCHED, id="another-currency"),
+    pytest.param([charge(customer="cus_other")], Answer.MISMATCHED, id="another-customer"),
+    pytest.param([charge("processing", amount=9999)], Answer.MISMATCHED,
+                 id="another-amount-processing"),
+    pytest.param([charge("failed", amount=9999)], Answer.NONE, id="another-amount-failed"),
+    pytest.param([charge("failed", id="a"), charge(id="b")], Answer.CHARGED,
+                 id="a-later-generation-charged"),
+    pytest.param([charge(amount=9999, id="a"), charge(id="b")], Answer.CHARGED,
+                 id="charged-beats-mismatched"),
+    pytest.param([charge("processing", id="a"), charge(amount=1, id="b")], Answer.MISMATCHED,
+                 id="mismatched-beats-processing"),
+])
+def test_judge_lookup_gives_four_answers(found, answer):
+    lookup = judge_lookup(found, payment_id="p", amount=2500, currency="USD",
+                          customer="cus_1", conclusive=True)
+    assert lookup.answer is answer
+
+
+def test_two_charged_payments_for_one_id_are_reported():
+    lookup = judge_lookup([charge(id="a"), charge(id="b")], payment_id="p", amount=2500,
+                          currency="USD", conclusive=True)
+    assert (lookup.charge.id, [c.id for c in lookup.extra]) == ("a", ["b"])
+
+
+def test_none_is_conclusive_only_when_told():
+    assert not judge_lookup([], payment_id="p", amount=1, currency="USD",
+                            conclusive=False).conclusive
 
 
 @pytest.mark.parametrize("failures,base", [

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from paycron.cli import main
 from paycron.enums import Outcome
+from paycron.gateway import ChargeRequest
 from paycron.gateway_client import HttpGateway
 from tests.factories import insert_payment
 
@@ -25,7 +26,8 @@ def declining(scripted):
     def decline(code: object) -> str:
         scripted.answers[100] = (402, {"Content-Type": "application/json"},
                                  json.dumps({"error": {"code": code}}).encode())
-        result = client.charge(idempotency_key="k", amount=100, currency="USD", reference="r")
+        result = client.charge(ChargeRequest(
+            reference="r", idempotency_key="k", amount=100, currency="USD"))
         assert result.outcome is Outcome.DECLINED
         return result.error_code
 

@@ -11,7 +11,7 @@ from paycron.apikeys import PrincipalCache
 from paycron.breaker import CircuitBreaker
 from paycron.config import Config
 from paycron.db import make_pool, make_redis
-from paycron.gateway_client import build_gateway
+from paycron.gateway import build_gateway
 from paycron.observability import init_sentry
 from paycron.rate_limits import ActorRateLimiter
 from web import admin, events, health, metrics, payments, webhooks
