@@ -134,9 +134,7 @@ class Executor:
         # Read before the lease is renewed, so the lease ends no earlier.
         lease_end = self.clock() + self.config.lease_seconds
         rows = start(self.pool, batch, lease_seconds=self.config.lease_seconds,
-                     processor=self.gateway.name, worker=self.worker,
-                     land_seconds=self.config.gateway_timeout_seconds
-                     + self.config.gateway_settle_margin_seconds)
+                     processor=self.gateway.name, worker=self.worker)
         counts.stale += len(batch) - len(rows)
         done = self._call_all(rows, lease_end)
         counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
@@ -144,7 +142,7 @@ class Executor:
             if item.decision.needs_lookup:
                 done[i] = look_up(self.gateway, item)
                 counts.looked_up += 1
-        recorded = finish(self.pool, done)
+        recorded = finish(self.pool, done, land_seconds=self.config.in_flight_bound_seconds)
         counts.moved += sum(1 for r in recorded if r["moved"])
         parked = {r["id"] for r in recorded if r["moved"] and r["status"] == Status.FAILED}
         for item in done:

@@ -59,6 +59,16 @@ class CallResult:
     retry_after: float | None = None
     retry_decline: bool = False
     failure_reason: FailureReason | None = None
+    replayed: bool = False  # the processor's stored answer to an earlier call with the key
+    look_up: bool = False  # resolve by lookup before calling again (a stored 5xx)
+
+    @property
+    def may_land(self) -> bool:
+        """This call may still charge after we stopped waiting (sent, no
+        definitive answer, and not the replay of an earlier call's answer, nor
+        a 409 about another call): it moves the in-flight bound."""
+        return (self.in_doubt and not self.replayed
+                and self.outcome in (Outcome.RETRYABLE_ERROR, Outcome.AMBIGUOUS))
 
     @property
     def breaker_failure(self) -> bool:

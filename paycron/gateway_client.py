@@ -94,9 +94,12 @@ def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
         return CallResult(Outcome.KEY_IN_USE, error_code="idempotency_key_in_use",
                           in_doubt=True)
     if status >= 500:
-        # A 5xx may come from behind the charge: treat it as in doubt.
+        # A 5xx may come from behind the charge: treat it as in doubt. One the
+        # gateway replays for the key is a stored answer: asking again gets
+        # it again, so it is resolved by lookup.
+        replayed = response.headers.get("Idempotent-Replayed") == "true"
         return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}",
-                          in_doubt=True)
+                          in_doubt=True, replayed=replayed, look_up=replayed)
     # Any other 4xx is our bug or a gateway contract change: retry within the
     # budget, then park for a human rather than guess a decline.
     return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}")

@@ -113,8 +113,10 @@ def decide(result: CallResult, *, failures: int, in_doubt: bool, config: Config,
     if failures >= config.max_gateway_calls:
         return Decision(Status.FAILED, failures=failures, in_doubt=in_doubt,
                         failure_reason=FailureReason.RETRIES_EXHAUSTED, needs_lookup=in_doubt)
+    # A stored 5xx replayed for the key (Stripe) says nothing new: resending
+    # gets it again, so it is resolved by lookup.
     return Decision(Status.PENDING, delay=backoff(failures, config, rng), failures=failures,
-                    in_doubt=in_doubt)
+                    in_doubt=in_doubt, needs_lookup=result.look_up)
 
 
 def after_lease_expiry(*, lease_expiries: int, failures: int, in_doubt: bool,
@@ -207,5 +209,8 @@ def after_lookup(decision: Decision, lookup: Lookup) -> Decision:
                         failures=decision.failures, in_doubt=True)
     if not lookup.conclusive:
         return replace(decision, needs_lookup=False)
-    return replace(decision, needs_lookup=False, in_doubt=False, key_in_use=0,
-                   next_key=decision.next_key or decision.status is Status.PENDING)
+    if decision.status is Status.PENDING:
+        # Nothing can land any more: asked again at once, under a new key.
+        return replace(decision, needs_lookup=False, in_doubt=False, key_in_use=0,
+                       next_key=True, delay=0.0)
+    return replace(decision, needs_lookup=False, in_doubt=False, key_in_use=0)

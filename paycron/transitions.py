@@ -137,17 +137,14 @@ def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
 
 
 def start(pool: ConnectionPool, claims: Sequence[Claim], *, lease_seconds: float,
-          processor: str = "fake", land_seconds: float = 0.0,
-          worker: str | None = None) -> list[dict]:
+          processor: str = "fake", worker: str | None = None) -> list[dict]:
     """Fence, renew the lease and write IN_FLIGHT, for every claim at once,
-    stamping ``processor`` and the in-flight bound (lease end +
-    ``land_seconds``). Returns the rows this worker now holds (stale,
+    stamping ``processor``. Returns the rows this worker now holds (stale,
     duplicate and other processors' claims drop)."""
     with pool.connection() as conn:
         return conn.execute(q("start_attempts"), {
             **_claim_params(claims), "lease_seconds": lease_seconds,
-            "processor": processor, "land_seconds": land_seconds,
-            "worker": worker or worker_name(),
+            "processor": processor, "worker": worker or worker_name(),
         }, prepare=True).fetchall()
 
 
@@ -165,23 +162,27 @@ class Finished:
 UNWRITABLE = "unwritable_answer"
 
 
-def finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
-    """Record every outcome and CAS every payment, in one statement.
+def finish(pool: ConnectionPool, done: Sequence[Finished], *,
+           land_seconds: float = 0.0) -> list[dict]:
+    """Record every outcome and CAS every payment, in one statement; a call
+    that may still land moves the payment's in-flight bound to its start +
+    ``land_seconds`` (lease + call timeout + settle margin).
 
     A value Postgres cannot store never loses the rest of the group: the
     group is written one by one, and an outcome that still fails is written
     without the gateway's text (its status and decision are kept)."""
     try:
-        return _finish_retrying_deadlocks(pool, done)
+        return _finish_retrying_deadlocks(pool, done, land_seconds)
     except (psycopg.DataError, UnicodeEncodeError):
         if len(done) > 1:
-            return [row for item in done for row in finish(pool, [item])]
+            return [row for item in done
+                    for row in finish(pool, [item], land_seconds=land_seconds)]
         (item,) = done
         log.error("unwritable gateway answer for payment %s: stored without its text",
                   item.row["id"])
         result = replace(item.result, error_code=item.result.error_code and UNWRITABLE,
                          gateway_ref=item.result.gateway_ref and UNWRITABLE)
-        return _finish(pool, [Finished(item.row, result, item.decision)])
+        return _finish(pool, [Finished(item.row, result, item.decision)], land_seconds)
 
 
 #: A finish that deadlocks with a reap of the same rows is rolled back whole
@@ -189,10 +190,11 @@ def finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
 _DEADLOCK_TRIES = 3
 
 
-def _finish_retrying_deadlocks(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
+def _finish_retrying_deadlocks(pool: ConnectionPool, done: Sequence[Finished],
+                               land_seconds: float) -> list[dict]:
     for attempt in range(1, _DEADLOCK_TRIES + 1):
         try:
-            return _finish(pool, done)
+            return _finish(pool, done, land_seconds)
         except psycopg.errors.DeadlockDetected:
             if attempt == _DEADLOCK_TRIES:
                 raise
@@ -200,7 +202,7 @@ def _finish_retrying_deadlocks(pool: ConnectionPool, done: Sequence[Finished]) -
     raise AssertionError("unreachable")
 
 
-def _finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
+def _finish(pool: ConnectionPool, done: Sequence[Finished], land_seconds: float) -> list[dict]:
     if not done:
         return []
     params = {
@@ -220,6 +222,8 @@ def _finish(pool: ConnectionPool, done: Sequence[Finished]) -> list[dict]:
         "key_in_uses": [d.decision.key_in_use for d in done],
         "next_keys": [d.decision.next_key for d in done],
         "confirms": [d.decision.confirm for d in done],
+        "may_lands": [d.result.may_land for d in done],
+        "land_seconds": land_seconds,
     }
     with pool.connection() as conn:
         rows = conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
@@ -250,6 +254,7 @@ def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
             "statuses": [d.status.value for d in decisions],
             "failure_reasons": [d.failure_reason and d.failure_reason.value for d in decisions],
             "in_doubts": [d.in_doubt for d in decisions],
+            "land_seconds": config.in_flight_bound_seconds,
         }, prepare=True).fetchall()
     for r in rows:
         log_transition(r["id"], Status.PROCESSING, r["status"], reason="lease_expired",

@@ -111,9 +111,7 @@ SELECT id, due_at, attempt FROM claimed ORDER BY turn;
 -- and dropped; a claim whose attempt row already exists is a duplicated
 -- message and is dropped too: the attempt row is the exclusive token.
 -- The payment is stamped with the processor about to be called (only ever
--- that one after: a payment first called elsewhere is fenced out) and its
--- in-flight bound moves to this call's: lease end + call timeout + the
--- processor's settle margin (%(land_seconds)s past the lease).
+-- that one after: a payment first called elsewhere is fenced out).
 WITH claim AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
         AS c(id, due_at, attempt)
@@ -121,8 +119,6 @@ WITH claim AS (
     UPDATE payments p
     SET lease_until = now() + make_interval(secs => %(lease_seconds)s),
         processor = %(processor)s,
-        calls_land_by = greatest(p.calls_land_by,
-            now() + make_interval(secs => %(lease_seconds)s + %(land_seconds)s)),
         updated_at = now()
     FROM claim c
     WHERE p.id = c.id AND p.due_at = c.due_at AND p.status = 'PROCESSING'
@@ -154,9 +150,9 @@ WITH outcome AS (
         %(outcomes)s::text[], %(error_codes)s::text[], %(gateway_refs)s::text[],
         %(statuses)s::text[], %(delays)s::float8[], %(failures)s::int[], %(in_doubts)s::bool[],
         %(failure_reasons)s::text[], %(key_in_uses)s::int[], %(next_keys)s::bool[],
-        %(confirms)s::text[]
+        %(confirms)s::text[], %(may_lands)s::bool[]
     ) AS o(id, due_at, attempt, payer, outcome, error_code, gateway_ref, status, delay,
-           failures, in_doubt, failure_reason, key_in_use, next_key, confirm)
+           failures, in_doubt, failure_reason, key_in_use, next_key, confirm, may_land)
 ), finished AS (
     UPDATE attempts a
     SET outcome = o.outcome, error_code = o.error_code, gateway_ref = o.gateway_ref,
@@ -168,6 +164,9 @@ WITH outcome AS (
 ), moved AS (
     -- in_doubt_since: when the oldest unresolved call was made (the key
     -- retention rule), kept while in doubt, cleared with the doubt.
+    -- calls_land_by, the in-flight bound (SPEC §3): a call that may still
+    -- land (sent, no definitive answer, not a replay) can land until its
+    -- lease end + call timeout + the processor's settle margin.
     UPDATE payments p
     SET status = o.status,
         run_at = CASE WHEN o.status = 'PENDING'
@@ -178,6 +177,9 @@ WITH outcome AS (
                               THEN coalesce(p.in_doubt_since, f.started_at, now()) END,
         key_in_use = o.key_in_use, last_error = coalesce(o.error_code, p.last_error),
         key_generation = p.key_generation + CASE WHEN o.next_key THEN 1 ELSE 0 END,
+        calls_land_by = CASE WHEN o.may_land THEN greatest(p.calls_land_by,
+            coalesce(f.started_at, now()) + make_interval(secs => %(land_seconds)s))
+            ELSE p.calls_land_by END,
         gateway_intent_id = coalesce(o.confirm, p.gateway_intent_id),
         lease_until = NULL,
         updated_at = now()
@@ -275,6 +277,10 @@ WITH decided AS (
         in_doubt = d.in_doubt,
         in_doubt_since = CASE WHEN d.in_doubt
                               THEN coalesce(p.in_doubt_since, m.started_at, now()) END,
+        -- a call still IN_FLIGHT may land up to its in-flight bound
+        calls_land_by = CASE WHEN m.started_at IS NULL THEN p.calls_land_by
+            ELSE greatest(p.calls_land_by,
+                          m.started_at + make_interval(secs => %(land_seconds)s)) END,
         last_error = 'lease_expired',
         lease_until = NULL,
         run_at = greatest(p.run_at, p.due_at),

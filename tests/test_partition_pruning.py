@@ -43,11 +43,10 @@ STATEMENTS = {
     "reap_expired": lambda conn, row: transitions.reap_expired(conn, limit=100, config=Config()),
     "reap_locked": lambda conn, row: conn.execute(q("reap_locked"), {
         **claim_params(row), "statuses": ["PENDING"], "failure_reasons": [None],
-        "in_doubts": [True]}),
+        "in_doubts": [True], "land_seconds": 730}),
     "count_queued": lambda conn, row: transitions.count_queued(conn),
     "start_attempts": lambda conn, row: conn.execute(q("start_attempts"), {
-        **claim_params(row), "lease_seconds": 30, "worker": "w", "processor": "fake",
-        "land_seconds": 610}),
+        **claim_params(row), "lease_seconds": 30, "worker": "w", "processor": "fake"}),
     "release_claims": lambda conn, row: conn.execute(q("release_claims"), claim_params(row)),
     "get_payment": lambda conn, row: payments.get_payment(conn, row["id"], actor="alice"),
     "cancel": lambda conn, row: conn.execute(q("cancel"), {

@@ -365,8 +365,8 @@ RECHECK = PROCESSING_RECHECK_DELAY
     # moves to its next key generation, a parked one keeps its key.
     pytest.param(EXHAUSTED, NONE, Decision(F, failures=4, failure_reason=EXH),
                  id="exhausted-none-parks-sure"),
-    pytest.param(TENTH_409, NONE, Decision(P, delay=60.0, failures=1, next_key=True),
-                 id="tenth_409-none-next-key"),
+    pytest.param(TENTH_409, NONE, Decision(P, delay=0.0, failures=1, next_key=True),
+                 id="tenth_409-none-next-key-at-once"),
     pytest.param(REJECTED, NONE, Decision(F, failures=2, failure_reason=REJ),
                  id="rejected-none-parks-sure"),
 ])
