@@ -24,7 +24,7 @@ from enum import StrEnum
 
 from paycron.enums import Status
 from paycron.ids import parse_payment_id
-from reconciliation.report import REFUNDED, SUCCEEDED, ReportCharge
+from reconciliation.report import FAILED, PROCESSING, REFUNDED, SUCCEEDED, ReportCharge
 
 
 class ItemKind(StrEnum):
@@ -55,6 +55,7 @@ class Verdict(StrEnum):
     REPAIR = "repair"
     DEFERRED = "deferred"
     MISMATCH = "mismatch"
+    IGNORED = "ignored"  # a failed charge (a decline): no money moved
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,14 @@ def judge_charge(charge: ReportCharge, payment: PaymentView | None, *,
     page is raised once per key by :func:`classify`, not here)."""
     if charge.status == REFUNDED:
         return Verdict.REFUNDED, []
+    if charge.status == FAILED:  # a decline: no money moved (Stripe lists every one)
+        return Verdict.IGNORED, []
     detail = {"charge": charge.as_detail()}
     pid = parse_payment_id(charge.reference)
+    if charge.status == PROCESSING and payment is not None:
+        # accepted, settled later (a bank debit): a later run judges it
+        detail.update(_payment_detail(payment))
+        return Verdict.DEFERRED, [Item(ItemKind.DEFERRED, payment.id, charge.id, detail)]
     if charge.status != SUCCEEDED:
         return Verdict.MISMATCH, [Item(ItemKind.UNEXPECTED_CHARGE_STATUS, pid,
                                        charge.id, detail)]
@@ -148,13 +155,14 @@ def unique_charges(charges: Iterable[ReportCharge]) -> list[ReportCharge]:
 
 
 def _duplicates(day: date, charges: Sequence[ReportCharge]) -> tuple[set[str], list[Item]]:
-    """Keys holding two or more succeeded charges, and one page per such key
-    that has a charge on ``day`` (a duplicate across midnight pages in the
-    runs of both days)."""
+    """Payment ids (references) holding two or more succeeded charges, under
+    one key or across key generations, and one page per such payment that
+    has a charge on ``day`` (a duplicate across midnight pages in the runs of
+    both days)."""
     by_key: defaultdict[str, list[ReportCharge]] = defaultdict(list)
     for charge in charges:
         if charge.status == SUCCEEDED:
-            by_key[charge.idempotency_key].append(charge)
+            by_key[charge.reference].append(charge)
     keys, items = set(), []
     for key, group in by_key.items():
         if len(group) < 2:
@@ -164,7 +172,7 @@ def _duplicates(day: date, charges: Sequence[ReportCharge]) -> tuple[set[str], l
         if on_day:
             items.append(Item(ItemKind.DUPLICATE_CHARGE, parse_payment_id(group[0].reference),
                               on_day[0].id,
-                              {"idempotencyKey": key, "charges": [c.as_detail() for c in group]}))
+                              {"reference": key, "charges": [c.as_detail() for c in group]}))
     return keys, items
 
 
@@ -184,12 +192,13 @@ def classify(day: date, charges: Iterable[ReportCharge],
     for charge in (c for c in charges if c.day == day):
         pid = parse_payment_id(charge.reference)
         verdict, items = judge_charge(charge, payments.get(pid) if pid else None,
-                                      duplicated=charge.idempotency_key in duplicated)
+                                      duplicated=charge.reference in duplicated)
         diff.tally[verdict.value] += 1
         diff.items.extend(items)
         if verdict is Verdict.REPAIR:
             diff.repairs.append(Repair(pid, charge))
-    charged = {c.idempotency_key for c in charges} | {c.reference for c in charges}
+    moved = [c for c in charges if c.status in (SUCCEEDED, REFUNDED)]  # not a decline
+    charged = {c.idempotency_key for c in moved} | {c.reference for c in moved}
     for done in completions:
         diff.tally["completions"] += 1
         if str(done.payment_id) in charged:

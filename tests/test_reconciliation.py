@@ -133,6 +133,37 @@ def test_two_charges_for_one_key_page_once_and_block_the_repair():
     assert [c["chargeId"] for c in item.detail["charges"]] == [first.id, second.id]
 
 
+def test_two_charges_under_two_key_generations_of_one_payment_page():
+    # Matching is by payment id, not by key (SPEC §3: two succeeded payments
+    # for one payment id page, whatever keys they were made under).
+    payment = a_payment(Status.COMPLETED)
+    first = a_charge(payment)
+    second = a_charge(payment, at=NOON + timedelta(seconds=5), key=f"{payment.id}:2")
+    assert kinds(classify(DAY, [first, second], {payment.id: payment}, [])) == [
+        ItemKind.DUPLICATE_CHARGE]
+
+
+@pytest.mark.parametrize("status", [Status.COMPLETED, Status.FAILED, Status.PENDING,
+                                    Status.CANCELLED])
+def test_a_failed_charge_moved_no_money_and_is_ignored(status):
+    # Stripe lists every decline as a failed charge: never a miss, a repair or a page.
+    payment = a_payment(status)
+    assert judge_charge(a_charge(payment, status="failed"), payment) == (Verdict.IGNORED, [])
+
+
+def test_a_failed_charge_does_not_vouch_for_a_completion():
+    payment = a_payment(Status.COMPLETED)
+    diff = classify(DAY, [a_charge(payment, status="failed")], {payment.id: payment},
+                    [a_completion(payment)])
+    assert kinds(diff) == [ItemKind.COMPLETED_WITHOUT_CHARGE]
+
+
+def test_a_processing_charge_is_deferred():
+    payment = a_payment(Status.PENDING)
+    verdict, [item] = judge_charge(a_charge(payment, status="processing"), payment)
+    assert (verdict, item.kind) == (Verdict.DEFERRED, ItemKind.DEFERRED)
+
+
 def test_a_duplicate_across_midnight_pages_in_the_runs_of_both_days():
     payment = a_payment(Status.COMPLETED)
     late = a_charge(payment, at=datetime.combine(DAY, time(23, 59, 59), tzinfo=UTC))

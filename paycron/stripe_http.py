@@ -1,0 +1,70 @@
+"""The Stripe SDK's HTTP transport, over urllib3.
+
+The SDK takes any :class:`stripe.HTTPClient`; this one gives it what the
+engine needs and the SDK's own clients do not: a **total** timeout per call
+(a call never outlives its lease: SPEC §3; the SDK's clients take one
+timeout at construction), set by the adapter around each call; one
+thread-safe keep-alive pool shared by a worker's call threads; and errors
+that say whether the request left us (a refused connection is a definitive
+non-charge). urllib3 because it is the cheapest client measured here
+(paycron/gateway_client.py's note) and already a dependency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+
+import stripe
+import urllib3
+
+#: The request never left us: the processor cannot have executed it.
+NOT_SENT = (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError,
+            urllib3.exceptions.EmptyPoolError)
+
+
+class NotSent(stripe.APIConnectionError):
+    """The connection was refused or never made: nothing reached Stripe."""
+
+
+class PooledHttpClient(stripe.HTTPClient):
+    name = "urllib3"
+
+    def __init__(self, *, timeout: float, max_connections: int = 64):
+        super().__init__()
+        self._seconds = timeout
+        self._local = threading.local()
+        self._pool = urllib3.PoolManager(num_pools=4, maxsize=max_connections, block=False,
+                                         retries=False)
+
+    @contextlib.contextmanager
+    def timeout(self, seconds: float | None) -> Iterator[None]:
+        """Calls made by this thread inside the block end within ``seconds``
+        in total (connect and every read), at most the configured timeout."""
+        self._local.seconds = min(seconds, self._seconds) if seconds else self._seconds
+        try:
+            yield
+        finally:
+            self._local.seconds = None
+
+    def request(self, method: str, url: str, headers: Mapping[str, str] | None,
+                post_data=None) -> tuple[bytes, int, Mapping[str, str]]:
+        seconds = getattr(self._local, "seconds", None) or self._seconds
+        try:
+            response = self._pool.request(
+                method.upper(), url, body=post_data, headers=dict(headers or {}),
+                timeout=urllib3.Timeout(total=seconds), redirect=False)
+        except NOT_SENT as exc:
+            raise NotSent(f"could not connect to Stripe: {type(exc).__name__}") from exc
+        except urllib3.exceptions.HTTPError as exc:
+            # Sent, then no (whole) answer: the outcome is unknown.
+            raise stripe.APIConnectionError(
+                f"no answer from Stripe: {type(exc).__name__}") from exc
+        return response.data, response.status, response.headers
+
+    def request_stream(self, method, url, headers, post_data=None):
+        raise NotImplementedError("paycron makes no streaming requests")
+
+    def close(self) -> None:
+        self._pool.clear()
