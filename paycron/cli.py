@@ -13,12 +13,13 @@ import click
 
 from paycron import apikeys, dead_letters, partitions
 from paycron.config import Config
-from paycron.db import connect
+from paycron.db import connect, make_redis
 from paycron.errors import ConfigError, PaycronError
 from paycron.gateway import build_gateway
 from paycron.ids import parse_payment_id
 from paycron.migrate import migrate as apply_migrations
 from paycron.observability import init_sentry
+from paycron.pacing import CallLimiter
 
 
 def _config() -> Config:
@@ -195,7 +196,9 @@ def dlq_show(payment_id: str) -> None:
 
 def _dlq_action(action, payment_id: str, **kwargs) -> None:
     config = _config()
-    gateway = build_gateway(config, max_connections=1)
+    gateway = build_gateway(config, max_connections=1,
+                            call_limiter=CallLimiter(make_redis(config, timeout=2), config)
+                            if config.redis_url else None)
     with connect(config) as conn:
         try:
             result = action(conn, gateway, _payment_id(payment_id), **kwargs)

@@ -9,12 +9,19 @@ a process's composition root. Every answer of a processor maps to one
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Protocol
 
+import redis
+
 from paycron.config import Config
 from paycron.enums import FailureReason, Outcome
+from paycron.pacing import CallLimiter
+
+log = logging.getLogger("paycron.gateway")
 
 
 def gateway_key(payment_id: object, generation: int) -> str:
@@ -152,13 +159,31 @@ class Gateway(Protocol):
     def close(self) -> None: ...
 
 
-def build_gateway(config: Config, *, max_connections: int = 64) -> Gateway:
-    """The processor adapter this configuration names, for a composition root."""
+def build_gateway(config: Config, *, max_connections: int = 64,
+                  call_limiter: CallLimiter | None = None) -> Gateway:
+    """The processor adapter this configuration names, for a composition root.
+    ``call_limiter``: the shared per-second window every request that is not
+    a charge (lookups, refunds, report pages) takes a token from."""
     if config.gateway == "stripe":
         from paycron.stripe_gateway import StripeGateway
 
-        return StripeGateway.from_config(config, max_connections=max_connections)
+        return StripeGateway.from_config(config, max_connections=max_connections,
+                                         take_token=_token_taker(call_limiter))
     from paycron.gateway_client import HttpGateway
 
     return HttpGateway(config.gateway_url, timeout=config.gateway_timeout_seconds,
                        max_connections=max_connections)
+
+
+def _token_taker(limiter: CallLimiter | None) -> Callable[[], None] | None:
+    if limiter is None:
+        return None
+
+    def take() -> None:
+        try:
+            limiter.acquire_some(1)
+        except redis.RedisError as exc:  # an operator's lookup must not wait on Redis
+            log.warning("call window unavailable (%s): request sent unpaced",
+                        type(exc).__name__)
+
+    return take

@@ -29,7 +29,7 @@ def _json(response: urllib3.BaseHTTPResponse):
 MAX_ERROR_CODE_LENGTH = 64
 
 
-def _error_code(value: object) -> str:
+def error_code_of(value: object) -> str:
     """The gateway's error code as we store it: its text is untrusted (it
     reaches payers' attempts and operators' terminals), so printable ASCII
     without spaces, every other character as ``_``, at most
@@ -42,7 +42,7 @@ def _error_code(value: object) -> str:
 
 def _declined(response: urllib3.BaseHTTPResponse) -> str:
     try:
-        return _error_code(_json(response)["error"]["code"])
+        return error_code_of(_json(response)["error"]["code"])
     except (KeyError, TypeError):
         return "declined"
 

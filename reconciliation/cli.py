@@ -14,10 +14,11 @@ from datetime import date
 import click
 
 from paycron.config import Config
-from paycron.db import connect
+from paycron.db import connect, make_redis
 from paycron.errors import ConfigError
 from paycron.gateway import build_gateway
 from paycron.observability import configure_logging, init_sentry
+from paycron.pacing import CallLimiter
 from reconciliation.errors import ReconciliationError
 from reconciliation.report import fetch_window, read_file
 from reconciliation.run import RunResult, reconcile_day
@@ -60,7 +61,10 @@ def reconcile(day: str, report_file: str | None) -> None:
         if report_file is not None:
             charges, source = read_file(report_file), "file"
         else:
-            gateway = build_gateway(config, max_connections=4)
+            gateway = build_gateway(
+                config, max_connections=4,
+                call_limiter=CallLimiter(make_redis(config, timeout=2), config)
+                if config.redis_url else None)
             charges, source = fetch_window(gateway, the_day), "gateway"
         with connect(config) as conn:
             result = reconcile_day(conn, the_day, charges, source=source, gateway=gateway)

@@ -26,13 +26,14 @@ def build_dispatcher(config: Config) -> Dispatcher:
     bound = config.gateway_max_in_flight
     limit = InFlightLimit(rate=config.gateway_rate_limit, max_in_flight=bound,
                           floor=config.group_size)
+    call_limiter = CallLimiter(client, config)
     executor = Executor(
         config=config,
         # Groups hold a connection only for their two statements, never across a call.
         pool=make_pool(config, max_size=config.db_pool_max, name="worker"),
-        gateway=build_gateway(config, max_connections=bound),
+        gateway=build_gateway(config, max_connections=bound, call_limiter=call_limiter),
         breaker=CircuitBreaker(client, config),
-        call_limiter=CallLimiter(client, config),
+        call_limiter=call_limiter,
         calls=ThreadPoolExecutor(max_workers=bound, thread_name_prefix="gateway-call"),
         on_latency=limit.observe,
     )

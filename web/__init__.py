@@ -13,6 +13,7 @@ from paycron.config import Config
 from paycron.db import make_pool, make_redis
 from paycron.gateway import build_gateway
 from paycron.observability import init_sentry
+from paycron.pacing import CallLimiter
 from paycron.rate_limits import ActorRateLimiter
 from web import admin, events, health, metrics, payments, webhooks
 from web.api import Api
@@ -37,7 +38,9 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     # Short command timeouts: a readiness probe must answer while Redis hangs.
     app.extensions["paycron.redis"] = make_redis(config, timeout=2)
     # Only the admin dead-letter actions ask the gateway, one at a time.
-    app.extensions["paycron.gateway"] = build_gateway(config, max_connections=4)
+    app.extensions["paycron.gateway"] = build_gateway(
+        config, max_connections=4,
+        call_limiter=CallLimiter(app.extensions["paycron.redis"], config))
     app.extensions["paycron.rate_limiter"] = ActorRateLimiter(app.extensions["paycron.redis"],
                                                               config)
     breaker = CircuitBreaker(app.extensions["paycron.redis"], config)
