@@ -219,7 +219,7 @@ class StripeGateway:
             if result.failure_reason is FailureReason.CUSTOMER_ACTION_REQUIRED:
                 self._cancel(result.gateway_ref)
             return result
-        result = classify_intent(intent)
+        result = classify_intent(intent.to_dict())
         if result.failure_reason is FailureReason.CUSTOMER_ACTION_REQUIRED:
             self._cancel(result.gateway_ref)
         return result
@@ -240,8 +240,9 @@ class StripeGateway:
 
     # ---- lookups, refunds, the settlement report
 
-    def _pages(self, list_call, params: dict) -> Iterator[Any]:
-        """Every object of a Stripe list, following has_more / starting_after."""
+    def _pages(self, list_call, params: dict) -> Iterator[dict]:
+        """Every object of a Stripe list (as plain data), following has_more /
+        starting_after."""
         params = {**params, "limit": PAGE_SIZE}
         while True:
             self._take_token()
@@ -250,11 +251,11 @@ class StripeGateway:
             except stripe.StripeError as exc:
                 raise GatewayError(f"Stripe list failed: {type(exc).__name__} "
                                    f"{exc.http_status}") from exc
-            data = list(page.data)
+            data = [item.to_dict() for item in page.data]
             yield from data
             if not page.has_more or not data:
                 return
-            params = {**params, "starting_after": data[-1].id}
+            params = {**params, "starting_after": data[-1]["id"]}
 
     def find_charges(self, request: LookupRequest) -> list[Charge]:
         """The customer's intents since the payment's first call (less an
@@ -271,7 +272,7 @@ class StripeGateway:
             if metadata.get(METADATA_KEY) != request.reference:
                 continue
             found.append(Charge(
-                id=intent.id, reference=request.reference, amount=intent.get("amount"),
+                id=intent["id"], reference=request.reference, amount=intent.get("amount"),
                 currency=str(intent.get("currency", "")).upper(),
                 status=INTENT_STATUSES.get(intent.get("status"), str(intent.get("status"))),
                 customer=intent.get("customer"), idempotency_key=None,
@@ -287,7 +288,8 @@ class StripeGateway:
         except stripe.StripeError as exc:
             raise GatewayError(f"refund refused: {type(exc).__name__} "
                                f"{exc.http_status}") from exc
-        return Refund(id=refund.id, amount=refund.get("amount", charge.amount),
+        answer = refund.to_dict()
+        return Refund(id=answer["id"], amount=answer.get("amount", charge.amount),
                       idempotency_key=key)
 
     def settlement_report(self, day: date) -> list[Charge]:
@@ -300,11 +302,11 @@ class StripeGateway:
         for charge in self._pages(self._client.v1.charges.list, params):
             reference = (charge.get("metadata") or {}).get(METADATA_KEY) or ""
             charges.append(Charge(
-                id=charge.id, reference=reference, amount=charge.get("amount"),
+                id=charge["id"], reference=reference, amount=charge.get("amount"),
                 currency=str(charge.get("currency", "")).upper(),
                 status=_charge_status(charge), customer=charge.get("customer"),
                 # matched by payment id across key generations, not by key
-                idempotency_key=reference or charge.id,
+                idempotency_key=reference or charge["id"],
                 created_at=_created(charge.get("created"))))
         return charges
 

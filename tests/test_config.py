@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paycron.config import Config
+from paycron.config import STRIPE_API_VERSION, Config
 from paycron.errors import ConfigError
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -38,6 +38,8 @@ def test_unset_and_empty_variables_keep_the_defaults():
     ("RETRY_DELAYS", "1m,later"), ("CLAIM_BATCH", "0"), ("GATEWAY_MAX_IN_FLIGHT", "0"),
     ("GATEWAY_TIMEOUT_SECONDS", "50"),  # more than LEASE_SECONDS / 3
     ("GATEWAY_TIMEOUT_SECONDS", "0"), ("GATEWAY_MAX_IN_FLIGHT", "5"),  # below the group size
+    ("GATEWAY", "paypal"), ("GATEWAY", "stripe"),  # a Stripe gateway without STRIPE_API_KEY
+    ("GATEWAY_KEY_RETENTION_SECONDS", "10m"),  # shorter than twice the in-flight bound
 ])
 def test_a_bad_value_refuses_to_start_naming_the_variable(name, value):
     with pytest.raises(ConfigError) as refused:
@@ -48,3 +50,21 @@ def test_a_bad_value_refuses_to_start_naming_the_variable(name, value):
 @pytest.mark.parametrize("name", SETTINGS)
 def test_every_setting_is_documented(name):
     assert f"`{name}`" in README
+
+
+def test_stripe_is_chosen_with_its_key_and_the_pinned_version():
+    config = Config.from_env({"GATEWAY": "Stripe", "STRIPE_API_KEY": "sk_test_abc123",
+                              "STRIPE_WEBHOOK_SECRET": "whsec_a, whsec_b"})
+    assert (config.gateway, config.stripe_api_version, config.stripe_webhook_secret) == (
+        "stripe", STRIPE_API_VERSION, ("whsec_a", "whsec_b"))
+    assert config.needs_customer and not Config().needs_customer
+
+
+def test_secrets_are_never_in_the_configs_repr():
+    config = Config(gateway="stripe", stripe_api_key="sk_live_secret_key",
+                    stripe_webhook_secret=("whsec_secret",), sentry_dsn="https://k@sentry/1",
+                    metrics_token="a-long-metrics-token")
+    text = repr(config)
+    for secret in ("sk_live_secret_key", "whsec_secret", "https://k@sentry/1",
+                   "a-long-metrics-token"):
+        assert secret not in text
