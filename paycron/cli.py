@@ -252,7 +252,8 @@ def stats(as_json: bool, window_minutes: int) -> None:
 
     config = _config()
     with connect(config) as conn:
-        figures = health_stats.health(conn, window=timedelta(minutes=window_minutes))
+        figures = health_stats.health(conn, window=timedelta(minutes=window_minutes),
+                                      processor=config.gateway)
         figures["partitions_ahead_days"] = partitions.days_ahead(conn)
     if as_json:
         click.echo(json.dumps(_jsonable(figures), indent=2))

@@ -19,6 +19,11 @@ SELECT
     (SELECT count(*) FROM payments
      WHERE status = 'PROCESSING' AND due_at <= %(now)s) AS processing,
     (SELECT count(*) FROM dead_letters WHERE resolution IS NULL) AS dlq_open,
+    -- first called at another processor than the configured one: never
+    -- claimed here (SPEC §3), waiting for an operator
+    (SELECT count(*) FROM payments
+     WHERE status = 'PENDING' AND processor <> %(processor)s
+       AND due_at <= %(now)s) AS other_processor,
     (SELECT count(*) FROM attempts
      WHERE outcome = 'LEASE_EXPIRED' AND started_at >= %(since)s) AS lease_expiries,
     (SELECT count(*) FROM attempts WHERE started_at >= %(since)s) AS attempts;
