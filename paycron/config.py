@@ -88,6 +88,9 @@ class Config:
     #: The processor's own processing after we gave up on a call (SPEC §3's
     #: in-flight bound): a call can land until lease end + timeout + this.
     gateway_settle_margin_seconds: float = setting(600.0, parse_duration)
+    #: A payment AWAITING_GATEWAY without its event is retrieved after this,
+    #: then after 30 min, 2 h and every 12 h (SPEC §12).
+    gateway_poll_seconds: float = setting(300.0, parse_duration)
     #: Gateway calls per second, all workers together (and the claim pace).
     gateway_rate_limit: int = setting(100, int)
     lease_seconds: float = setting(120.0, parse_duration)

@@ -9,6 +9,7 @@ from enum import StrEnum
 class Status(StrEnum):
     PENDING = "PENDING"
     PROCESSING = "PROCESSING"
+    AWAITING_GATEWAY = "AWAITING_GATEWAY"  # accepted by the processor, settled later
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -34,6 +35,7 @@ class Outcome(StrEnum):
     NOT_SENT = "NOT_SENT"  # the lease was too short to send the call: nothing was sent
     REJECTED = "REJECTED"  # refused before executing (Stripe 400/404, idempotency_error)
     AUTH_FAILED = "AUTH_FAILED"  # our credentials were refused (401/403): our configuration
+    SUBMITTED = "SUBMITTED"  # accepted, outcome later (a bank debit): AWAITING_GATEWAY
 
 
 class FailureReason(StrEnum):
@@ -59,6 +61,7 @@ class EventType(StrEnum):
     RELEASED = "payment.released"  # handed back unspent (circuit open): no call was made
     REFUNDED = "payment.refunded"  # an operator refunded the charge
     ATTEMPT_FINISHED = "attempt.finished"  # a late call's outcome; the status did not change
+    AWAITING_GATEWAY = "payment.awaiting_gateway"  # accepted by the processor, outcome later
 
 
 class Resolution(StrEnum):

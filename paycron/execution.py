@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor as ThreadPool
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from psycopg_pool import ConnectionPool
 
@@ -54,18 +54,30 @@ class GroupCounts:
 MIN_SEND_SECONDS = 1.0
 
 
-def look_up(gateway: Gateway, done: Finished) -> Finished:
+def look_up(gateway: Gateway, done: Finished, *, bound_seconds: float | None = None) -> Finished:
     """A payment whose calls may have charged (exhausted in doubt, ten "key in
     use" answers in a row, a rejected request in doubt) is asked about by
     reference before its decision is written; :func:`policy.after_lookup`
-    decides. A lookup that fails proves nothing: the decision stands, in doubt."""
+    decides. A lookup that fails proves nothing: the decision stands, in doubt.
+    The call just made counts in the in-flight bound (``bound_seconds`` from
+    its start) when it may still land, though finish has not written it yet."""
     row = done.row
+    if done.result.may_land and bound_seconds is not None:
+        until = row["started_at"] + timedelta(seconds=bound_seconds)
+        row = {**row, "calls_land_by": max(filter(None, (row["calls_land_by"], until)))}
     lookup = _ask(gateway, row, in_doubt=done.decision.in_doubt)
     decision = policy.after_lookup(done.decision, lookup)
+    return Finished(done.row, _found(lookup) or done.result, decision)
+
+
+def _found(lookup: policy.Lookup) -> CallResult | None:
+    """What a lookup found, as the attempt's outcome: the charge, or the
+    processor-side payment still processing (the one the payment waits on)."""
     if lookup.answer is Answer.CHARGED:
-        return Finished(row, CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=lookup.charge.id),
-                        decision)
-    return Finished(row, done.result, decision)
+        return CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=lookup.charge.id)
+    if lookup.answer is Answer.PROCESSING:
+        return CallResult(Outcome.SUBMITTED, gateway_ref=lookup.charge.id)
+    return None
 
 
 def _ask(gateway: Gateway, row: dict, *, in_doubt: bool) -> policy.Lookup:
@@ -140,9 +152,11 @@ class Executor:
         counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
         for i, item in enumerate(done):
             if item.decision.needs_lookup:
-                done[i] = look_up(self.gateway, item)
+                done[i] = look_up(self.gateway, item,
+                                  bound_seconds=self.config.in_flight_bound_seconds)
                 counts.looked_up += 1
-        recorded = finish(self.pool, done, land_seconds=self.config.in_flight_bound_seconds)
+        recorded = finish(self.pool, done, land_seconds=self.config.in_flight_bound_seconds,
+                          poll_seconds=self.config.gateway_poll_seconds)
         counts.moved += sum(1 for r in recorded if r["moved"])
         parked = {r["id"] for r in recorded if r["moved"] and r["status"] == Status.FAILED}
         for item in done:
@@ -194,13 +208,11 @@ class Executor:
                         key_in_use=row["key_in_use"])
         lookup = _ask(self.gateway, row, in_doubt=True)
         decision = policy.after_lookup(base, lookup)
-        if lookup.answer is Answer.CHARGED:
-            return Finished(row, CallResult(Outcome.FOUND_BY_LOOKUP,
-                                            gateway_ref=lookup.charge.id), decision)
         if lookup.answer is Answer.NONE and not lookup.conclusive:
             wait = (row["calls_land_by"] - datetime.now(UTC)).total_seconds()
-            decision = replace(decision, delay=max(wait, policy.PROCESSING_RECHECK_DELAY))
-        return Finished(row, CallResult(Outcome.NOT_SENT, error_code="key_retention_lookup"),
+            decision = replace(decision, delay=max(wait, policy.LOOKUP_RECHECK_DELAY))
+        return Finished(row, _found(lookup) or CallResult(Outcome.NOT_SENT,
+                                                          error_code="key_retention_lookup"),
                         decision)
 
     def _send(self, row: dict, lease_end: float) -> CallResult:

@@ -71,11 +71,13 @@ class CallResult:
 
     @property
     def may_land(self) -> bool:
-        """This call may still charge after we stopped waiting (sent, no
-        definitive answer, and not the replay of an earlier call's answer, nor
-        a 409 about another call): it moves the in-flight bound."""
-        return (self.in_doubt and not self.replayed
-                and self.outcome in (Outcome.RETRYABLE_ERROR, Outcome.AMBIGUOUS))
+        """A call of this payment may still charge after we stopped waiting:
+        this one (sent, no definitive answer, not the replay of an earlier
+        answer), or the one a 409 says is running under the key right now
+        (it lands within the same bound of this call's start). It moves the
+        payment's in-flight bound."""
+        return (self.in_doubt and not self.replayed and self.outcome in (
+            Outcome.RETRYABLE_ERROR, Outcome.AMBIGUOUS, Outcome.KEY_IN_USE))
 
     @property
     def breaker_failure(self) -> bool:

@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from paycron.config import Config
 from paycron.enums import FailureReason, Outcome, Status
-from paycron.gateway import PROCESSING, REFUNDED, SUCCEEDED, CallResult, Charge
+from paycron.gateway import FAILED, PROCESSING, REFUNDED, SUCCEEDED, CallResult, Charge
 
 #: A 429 without Retry-After waits this long (seconds) before the next claim.
 DEFAULT_RATE_LIMIT_DELAY = 1.0
@@ -27,8 +27,39 @@ KEY_IN_USE_DELAY = 1.0
 KEY_IN_USE_MAX_DELAY = 60.0
 #: After this many 409s in a row the payment is looked up by reference (SPEC §3).
 KEY_IN_USE_LOOKUP_AFTER = 10
-#: A payment the processor is still processing is asked about again after this.
-PROCESSING_RECHECK_DELAY = 300.0
+#: An old doubt whose lookup is not yet conclusive is asked about again after at least this.
+LOOKUP_RECHECK_DELAY = 300.0
+#: A payment AWAITING_GATEWAY is polled after these waits without its event
+#: (the first is GATEWAY_POLL_SECONDS), then every last one (SPEC §12).
+POLL_INTERVALS = (1800.0, 7200.0, 43200.0)
+#: Still processing after this long pages (SEPA can take 14 business days).
+AWAITING_PAGE_AFTER = 21 * 86400.0
+
+
+def next_poll_delay(polls: int, config: Config) -> float:
+    """Seconds until the next retrieve of a waiting payment polled ``polls`` times."""
+    if polls <= 0:
+        return config.gateway_poll_seconds
+    return POLL_INTERVALS[min(polls, len(POLL_INTERVALS)) - 1]
+
+
+class Settlement(StrEnum):
+    """What a retrieved processor-side payment says of a payment waiting on it."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    WAITING = "waiting"
+
+
+def settlement_of(charge: Charge) -> Settlement:
+    """A waiting payment's processor-side payment, retrieved: charged (also
+    since refunded) completes it, failed fails it (DECLINED, not retried: the
+    payer decides), anything else waits."""
+    if charge.status in CHARGED_STATUSES:
+        return Settlement.COMPLETED
+    if charge.status == FAILED:
+        return Settlement.FAILED
+    return Settlement.WAITING
 #: Drawn from when a caller passes no rng (one generator, not one per call).
 _RNG = random.Random()
 
@@ -89,6 +120,10 @@ def decide(result: CallResult, *, failures: int, in_doubt: bool, config: Config,
                         key_in_use=key_in_use)
     if outcome is Outcome.SUCCEEDED:
         return Decision(Status.COMPLETED, failures=failures)
+    if outcome is Outcome.SUBMITTED:
+        # Accepted; the processor settles it later (a bank debit): it waits,
+        # fenced on that processor-side payment, for the event or the poller.
+        return Decision(Status.AWAITING_GATEWAY, failures=failures)
     if outcome is Outcome.DECLINED:
         # A decline is a definitive answer under this key: nothing is in doubt.
         if result.retry_decline and failures + 1 < config.max_gateway_calls:
@@ -195,7 +230,8 @@ def after_lookup(decision: Decision, lookup: Lookup) -> Decision:
     """A payment was asked about by reference before ``decision`` is written
     (parking in doubt, ten "key in use" answers, a rejected request, an old
     key): *charged* completes it; *mismatched* parks it for a human and never
-    moves its key; *processing* waits (in doubt) and asks again; *none*
+    moves its key; *processing* makes it wait for the processor
+    (AWAITING_GATEWAY, on the payment found); *none*
     leaves the decision as it was (in doubt kept: a call may still land)
     unless conclusive, which settles the doubt and moves a key that is to be
     used again to its next generation."""
@@ -205,8 +241,7 @@ def after_lookup(decision: Decision, lookup: Lookup) -> Decision:
         return Decision(Status.FAILED, failures=decision.failures, in_doubt=decision.in_doubt,
                         failure_reason=FailureReason.LOOKUP_MISMATCH)
     if lookup.answer is Answer.PROCESSING:
-        return Decision(Status.PENDING, delay=PROCESSING_RECHECK_DELAY,
-                        failures=decision.failures, in_doubt=True)
+        return Decision(Status.AWAITING_GATEWAY, failures=decision.failures)
     if not lookup.conclusive:
         return replace(decision, needs_lookup=False)
     if decision.status is Status.PENDING:

@@ -132,10 +132,8 @@ def classify_intent(intent: Mapping[str, Any]) -> CallResult:
     if status == "succeeded":
         return CallResult(Outcome.SUCCEEDED, gateway_ref=intent_id)
     if status == "processing":
-        # Accepted; the outcome comes later (a bank debit). Until the engine
-        # waits on it (AWAITING_GATEWAY), it is in doubt and looked up.
-        return CallResult(Outcome.AMBIGUOUS, gateway_ref=intent_id, error_code="processing",
-                          in_doubt=True, look_up=True)
+        # Accepted; the outcome comes later (a bank debit): AWAITING_GATEWAY.
+        return CallResult(Outcome.SUBMITTED, gateway_ref=intent_id)
     if status == "requires_action":
         return CallResult(Outcome.DECLINED, gateway_ref=intent_id,
                           error_code="authentication_required",

@@ -43,6 +43,7 @@ def worker_name() -> str:
 #: Why a cancel lost, by the status it found.
 _CANCEL_REFUSALS = {
     Status.PROCESSING: CancelOutcome.ALREADY_PROCESSING,
+    Status.AWAITING_GATEWAY: CancelOutcome.ALREADY_PROCESSING,
     Status.COMPLETED: CancelOutcome.ALREADY_COMPLETED,
     Status.FAILED: CancelOutcome.ALREADY_FAILED,
 }
@@ -163,7 +164,7 @@ UNWRITABLE = "unwritable_answer"
 
 
 def finish(pool: ConnectionPool, done: Sequence[Finished], *,
-           land_seconds: float = 0.0) -> list[dict]:
+           land_seconds: float = 0.0, poll_seconds: float = 300.0) -> list[dict]:
     """Record every outcome and CAS every payment, in one statement; a call
     that may still land moves the payment's in-flight bound to its start +
     ``land_seconds`` (lease + call timeout + settle margin).
@@ -172,17 +173,18 @@ def finish(pool: ConnectionPool, done: Sequence[Finished], *,
     group is written one by one, and an outcome that still fails is written
     without the gateway's text (its status and decision are kept)."""
     try:
-        return _finish_retrying_deadlocks(pool, done, land_seconds)
+        return _finish_retrying_deadlocks(pool, done, land_seconds, poll_seconds)
     except (psycopg.DataError, UnicodeEncodeError):
         if len(done) > 1:
-            return [row for item in done
-                    for row in finish(pool, [item], land_seconds=land_seconds)]
+            return [row for item in done for row in finish(
+                pool, [item], land_seconds=land_seconds, poll_seconds=poll_seconds)]
         (item,) = done
         log.error("unwritable gateway answer for payment %s: stored without its text",
                   item.row["id"])
         result = replace(item.result, error_code=item.result.error_code and UNWRITABLE,
                          gateway_ref=item.result.gateway_ref and UNWRITABLE)
-        return _finish(pool, [Finished(item.row, result, item.decision)], land_seconds)
+        return _finish(pool, [Finished(item.row, result, item.decision)], land_seconds,
+                       poll_seconds)
 
 
 #: A finish that deadlocks with a reap of the same rows is rolled back whole
@@ -191,10 +193,10 @@ _DEADLOCK_TRIES = 3
 
 
 def _finish_retrying_deadlocks(pool: ConnectionPool, done: Sequence[Finished],
-                               land_seconds: float) -> list[dict]:
+                               land_seconds: float, poll_seconds: float) -> list[dict]:
     for attempt in range(1, _DEADLOCK_TRIES + 1):
         try:
-            return _finish(pool, done, land_seconds)
+            return _finish(pool, done, land_seconds, poll_seconds)
         except psycopg.errors.DeadlockDetected:
             if attempt == _DEADLOCK_TRIES:
                 raise
@@ -202,7 +204,8 @@ def _finish_retrying_deadlocks(pool: ConnectionPool, done: Sequence[Finished],
     raise AssertionError("unreachable")
 
 
-def _finish(pool: ConnectionPool, done: Sequence[Finished], land_seconds: float) -> list[dict]:
+def _finish(pool: ConnectionPool, done: Sequence[Finished], land_seconds: float,
+            poll_seconds: float) -> list[dict]:
     if not done:
         return []
     params = {
@@ -223,7 +226,7 @@ def _finish(pool: ConnectionPool, done: Sequence[Finished], land_seconds: float)
         "next_keys": [d.decision.next_key for d in done],
         "confirms": [d.decision.confirm for d in done],
         "may_lands": [d.result.may_land for d in done],
-        "land_seconds": land_seconds,
+        "land_seconds": land_seconds, "poll_seconds": poll_seconds,
     }
     with pool.connection() as conn:
         rows = conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
@@ -286,4 +289,33 @@ def redrive(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> bool:
     }).fetchone()
     if row is not None:
         log_transition(payment_id, Status.FAILED, Status.PENDING, reason="redriven", by=actor)
+    return row is not None
+
+
+def await_from_lookup(conn: Connection, payment_id: uuid.UUID, *, intent: str, actor: str,
+                      poll_seconds: float) -> bool:
+    """FAILED/PENDING -> AWAITING_GATEWAY: a lookup found the processor still
+    processing ``intent`` for it. False when the row was in neither state."""
+    due_from, due_to = due_range(payment_id)
+    row = conn.execute(q("await_from_lookup"), {
+        "id": payment_id, "due_from": due_from, "due_to": due_to, "intent": intent,
+        "actor": actor, "poll_seconds": poll_seconds,
+    }).fetchone()
+    if row is not None:
+        log_transition(payment_id, "FAILED|PENDING", Status.AWAITING_GATEWAY, intent=intent,
+                       by=actor)
+    return row is not None
+
+
+def settle_awaiting(conn: Connection, payment_id: uuid.UUID, *, intent: str, status: Status,
+                    actor: str, error_code: str | None = None) -> bool:
+    """AWAITING_GATEWAY -> COMPLETED/FAILED, fenced on ``intent``: False when
+    the row does not wait on it (another intent, already settled)."""
+    due_from, due_to = due_range(payment_id)
+    row = conn.execute(q("settle_awaiting"), {
+        "id": payment_id, "due_from": due_from, "due_to": due_to, "intent": intent,
+        "status": status.value, "actor": actor, "error_code": error_code,
+    }).fetchone()
+    if row is not None:
+        log_transition(payment_id, Status.AWAITING_GATEWAY, status, intent=intent, by=actor)
     return row is not None

@@ -180,7 +180,13 @@ WITH outcome AS (
         calls_land_by = CASE WHEN o.may_land THEN greatest(p.calls_land_by,
             coalesce(f.started_at, now()) + make_interval(secs => %(land_seconds)s))
             ELSE p.calls_land_by END,
-        gateway_intent_id = coalesce(o.confirm, p.gateway_intent_id),
+        gateway_intent_id = CASE WHEN o.status = 'AWAITING_GATEWAY' THEN o.gateway_ref
+                                 ELSE coalesce(o.confirm, p.gateway_intent_id) END,
+        -- waiting for the processor: fenced on its payment, polled if no event comes
+        awaiting_since = CASE WHEN o.status = 'AWAITING_GATEWAY' THEN now() END,
+        next_poll_at = CASE WHEN o.status = 'AWAITING_GATEWAY'
+                            THEN now() + make_interval(secs => %(poll_seconds)s) END,
+        polls = 0,
         lease_until = NULL,
         updated_at = now()
     FROM outcome o LEFT JOIN finished f ON f.payment_id = o.id
@@ -364,3 +370,93 @@ WITH redriven AS (
     WHERE d.payment_id = r.id AND d.resolution IS NULL
 )
 SELECT id FROM redriven;
+
+-- name: await_from_lookup
+-- FAILED or PENDING -> AWAITING_GATEWAY because a lookup found the processor
+-- still processing a payment for it (a re-drive, SPEC §3): attempt + 1 for
+-- the audit row of the lookup, an event, the open dead letter resolved.
+WITH waiting AS (
+    UPDATE payments
+    SET status = 'AWAITING_GATEWAY', attempt = attempt + 1, failure_reason = NULL,
+        in_doubt = false, in_doubt_since = NULL, gateway_intent_id = %(intent)s,
+        awaiting_since = now(), polls = 0,
+        next_poll_at = now() + make_interval(secs => %(poll_seconds)s), updated_at = now()
+    WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
+      AND status IN ('FAILED', 'PENDING')
+    RETURNING id, due_at, payer, attempt, key_generation, processor
+), audit AS (
+    INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor, outcome,
+                          gateway_ref, worker, finished_at, due_at)
+    SELECT id, attempt,
+           CASE WHEN key_generation = 1 THEN id::text ELSE id::text || ':' || key_generation END,
+           key_generation, processor, 'SUBMITTED', %(intent)s, %(actor)s, now(), due_at
+    FROM waiting
+), events AS (
+    INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
+    SELECT id, payer, 'payment.awaiting_gateway', 'AWAITING_GATEWAY', attempt,
+           jsonb_build_object('outcome', 'SUBMITTED', 'gatewayRef', %(intent)s::text,
+                              'by', %(actor)s::text)
+    FROM waiting
+), resolved AS (
+    UPDATE dead_letters d
+    SET resolution = 'REDRIVEN', resolved_by = %(actor)s, resolved_at = now(),
+        note = 'the processor is processing ' || %(intent)s::text
+    FROM waiting w
+    WHERE d.payment_id = w.id AND d.resolution IS NULL
+)
+SELECT id, attempt FROM waiting;
+
+-- name: settle_awaiting
+-- AWAITING_GATEWAY -> COMPLETED or FAILED (DECLINED) from the processor's
+-- truth (its payment retrieved after a signed event, or by the poller),
+-- fenced on the processor-side payment the row waits for: an event about
+-- another of its intents never settles it. The audit row records the
+-- settlement as an attempt; the event says who learned it.
+WITH settled AS (
+    UPDATE payments
+    SET status = %(status)s,
+        failure_reason = CASE WHEN %(status)s = 'FAILED' THEN 'DECLINED' END,
+        last_error = coalesce(%(error_code)s, last_error),
+        attempt = attempt + 1, next_poll_at = NULL, updated_at = now()
+    WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
+      AND status = 'AWAITING_GATEWAY' AND gateway_intent_id = %(intent)s
+    RETURNING id, due_at, payer, attempt, key_generation, processor, status
+), audit AS (
+    INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor, outcome,
+                          error_code, gateway_ref, worker, finished_at, due_at)
+    SELECT id, attempt,
+           CASE WHEN key_generation = 1 THEN id::text ELSE id::text || ':' || key_generation END,
+           key_generation, processor,
+           CASE WHEN status = 'COMPLETED' THEN 'SUCCEEDED' ELSE 'DECLINED' END,
+           %(error_code)s, %(intent)s, %(actor)s, now(), due_at
+    FROM settled
+), events AS (
+    INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
+    SELECT id, payer, 'payment.' || lower(status), status, attempt,
+           jsonb_strip_nulls(jsonb_build_object(
+               'outcome', CASE WHEN status = 'COMPLETED' THEN 'SUCCEEDED' ELSE 'DECLINED' END,
+               'errorCode', %(error_code)s::text, 'gatewayRef', %(intent)s::text,
+               'failureReason', CASE WHEN status = 'FAILED' THEN 'DECLINED' END,
+               'by', %(actor)s::text))
+    FROM settled
+)
+SELECT id, status FROM settled;
+
+-- name: lock_due_polls
+-- Waiting payments whose next poll is due, oldest poll first, locked so two
+-- schedulers poll each once (SKIP LOCKED); every waiting payment is due in
+-- the past, so future partitions are pruned at plan time by %(now)s.
+SELECT id, due_at, payer, gateway_intent_id, polls, awaiting_since, amount_minor, currency,
+       customer
+FROM payments
+WHERE status = 'AWAITING_GATEWAY' AND next_poll_at <= now() AND due_at <= %(now)s
+ORDER BY next_poll_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: poll_later
+-- Still processing: the next poll after the backing-off interval.
+UPDATE payments
+SET polls = polls + 1, next_poll_at = now() + make_interval(secs => %(delay)s)
+WHERE id = %(id)s AND due_at = %(due_at)s AND status = 'AWAITING_GATEWAY'
+  AND gateway_intent_id = %(intent)s;

@@ -24,15 +24,17 @@ from paycron.policy import (
     DEFAULT_RATE_LIMIT_DELAY,
     KEY_IN_USE_LOOKUP_AFTER,
     KEY_IN_USE_MAX_DELAY,
-    PROCESSING_RECHECK_DELAY,
     Answer,
     Decision,
     Lookup,
+    Settlement,
     after_lease_expiry,
     after_lookup,
     backoff,
     decide,
     judge_lookup,
+    next_poll_delay,
+    settlement_of,
 )
 
 CONFIG = Config(retry_delays=(60.0, 300.0, 1800.0), retry_jitter=0.2, max_lease_expiries=3)
@@ -68,9 +70,11 @@ ANSWERS = {
     "idempotency_error": CallResult(Outcome.REJECTED, error_code="idempotency_error",
                                     failure_reason=FailureReason.GATEWAY_REJECTED),
     "auth_failed": CallResult(Outcome.AUTH_FAILED, error_code="http_401"),
+    "processing": CallResult(Outcome.SUBMITTED, gateway_ref="pi_1"),
 }
 
 P, C, F = Status.PENDING, Status.COMPLETED, Status.FAILED
+AW = Status.AWAITING_GATEWAY
 DEC, EXH = FailureReason.DECLINED, FailureReason.RETRIES_EXHAUSTED
 LER = FailureReason.LEASE_EXPIRED_REPEATEDLY
 CAR, INV = FailureReason.CUSTOMER_ACTION_REQUIRED, FailureReason.INVALID_REQUEST
@@ -241,6 +245,16 @@ DECIDE = [
     case("auth_failed", 3, True, P, 3, True, None, False, AUTH),
     case("auth_failed", 4, False, P, 4, False, None, False, AUTH),
     case("auth_failed", 4, True, P, 4, True, None, False, AUTH, streak=5, streak_after=5),
+    # Accepted, settled later (a bank debit): it waits for the processor,
+    # no budget, no doubt (a processor-side payment exists and is known).
+    case("processing", 0, False, AW, 0, False, None, False, NOW),
+    case("processing", 0, True, AW, 0, False, None, False, NOW),
+    case("processing", 2, False, AW, 2, False, None, False, NOW),
+    case("processing", 2, True, AW, 2, False, None, False, NOW),
+    case("processing", 3, False, AW, 3, False, None, False, NOW),
+    case("processing", 3, True, AW, 3, False, None, False, NOW),
+    case("processing", 4, False, AW, 4, False, None, False, NOW),
+    case("processing", 4, True, AW, 4, False, None, False, NOW),
 ]
 
 
@@ -331,7 +345,6 @@ PROCESSING_ = Lookup(Answer.PROCESSING, charge=Charge("ch_1", "p", 2500, "USD", 
 MISMATCHED = Lookup(Answer.MISMATCHED, charge=Charge("ch_1", "p", 9999, "USD", "succeeded"))
 NONE_YET = Lookup(Answer.NONE, conclusive=False)
 NONE = Lookup(Answer.NONE, conclusive=True)
-RECHECK = PROCESSING_RECHECK_DELAY
 
 
 @pytest.mark.parametrize("before,lookup,after", [
@@ -346,11 +359,9 @@ RECHECK = PROCESSING_RECHECK_DELAY
     pytest.param(TENTH_409, MISMATCHED,
                  Decision(F, failures=1, in_doubt=True, failure_reason=MIS),
                  id="tenth_409-mismatched"),
-    # Still processing there: wait, in doubt, and ask again.
-    pytest.param(EXHAUSTED, PROCESSING_, Decision(P, delay=RECHECK, failures=4, in_doubt=True),
-                 id="exhausted-processing"),
-    pytest.param(TENTH_409, PROCESSING_, Decision(P, delay=RECHECK, failures=1, in_doubt=True),
-                 id="tenth_409-processing"),
+    # Still processing there: it waits for the processor's outcome.
+    pytest.param(EXHAUSTED, PROCESSING_, Decision(AW, failures=4), id="exhausted-processing"),
+    pytest.param(TENTH_409, PROCESSING_, Decision(AW, failures=1), id="tenth_409-processing"),
     # None, while a call may still land: the decision stands, in doubt.
     pytest.param(EXHAUSTED, NONE_YET,
                  Decision(F, failures=4, in_doubt=True, failure_reason=EXH),
@@ -436,3 +447,17 @@ def test_backoff_without_jitter_is_the_schedule():
     flat = Config(retry_delays=(60.0, 300.0, 1800.0), retry_jitter=0.0)
     assert [backoff(n, flat, random.Random(1)) for n in (1, 2, 3, 4)] == [
         60.0, 300.0, 1800.0, 1800.0]
+
+
+@pytest.mark.parametrize("polls,delay", [(0, 300.0), (1, 1800.0), (2, 7200.0), (3, 43200.0),
+                                         (4, 43200.0), (50, 43200.0)])
+def test_a_waiting_payment_is_polled_with_backing_off_intervals(polls, delay):
+    assert next_poll_delay(polls, Config(gateway_poll_seconds=300.0)) == delay
+
+
+@pytest.mark.parametrize("status,settlement", [
+    ("succeeded", Settlement.COMPLETED), ("refunded", Settlement.COMPLETED),
+    ("failed", Settlement.FAILED), ("processing", Settlement.WAITING),
+    ("requires_capture", Settlement.WAITING)])
+def test_what_a_retrieved_payment_settles(status, settlement):
+    assert settlement_of(charge(status)) is settlement

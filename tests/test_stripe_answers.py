@@ -130,8 +130,7 @@ def test_the_key_is_not_in_the_adapters_repr(adapter):
 #: Stripe answer -> (outcome, in doubt, failure reason, retry the decline, stored code)
 ROWS = {
     "succeeded": (ok(intent()), Outcome.SUCCEEDED, False, None, False, None),
-    "processing": (ok(intent("processing")), Outcome.AMBIGUOUS, True, None, False,
-                   "processing"),
+    "processing": (ok(intent("processing")), Outcome.SUBMITTED, False, None, False, None),
     "200-requires_action": (ok(intent("requires_action")), Outcome.DECLINED, False,
                             FailureReason.CUSTOMER_ACTION_REQUIRED, False,
                             "authentication_required"),
