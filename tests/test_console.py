@@ -7,11 +7,14 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import UTC, datetime, timedelta
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from paycron import apikeys
-from tests.console_support import MovableClock, console_config, csrf_of
+from paycron.config import Config
+from paycron.errors import ConfigError
+from tests.console_support import SECRET, MovableClock, console_config, csrf_of
 from tests.factories import add_attempt, insert_payment, park
 from tests.rows import letter, payment
 
@@ -58,6 +61,21 @@ def page_token(client, url: str = "/console/dead-letters") -> str:
     return csrf_of(client.get(url).get_data(as_text=True))
 
 
+# -- settings ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, value", [("CONSOLE_SECRET_KEY", "too-short"),
+                                         ("CONSOLE_SESSION_MINUTES", "0")])
+def test_console_settings_are_checked_at_start(name, value):
+    with pytest.raises(ConfigError) as refused:
+        Config.from_env({name: value})
+    assert name in str(refused.value)
+
+
+def test_the_secret_key_stays_out_of_the_config_repr():
+    config = Config.from_env({"CONSOLE_SECRET_KEY": SECRET, "CONSOLE_SESSION_MINUTES": "15"})
+    assert config.console_session_minutes == 15 and SECRET not in repr(config)
+
+
 # -- who may see it --------------------------------------------------------------
 
 def test_without_a_secret_key_there_is_no_console(client):
@@ -70,7 +88,8 @@ def test_without_a_secret_key_there_is_no_console(client):
 def test_no_page_without_a_session(browser, url):
     answer = browser.get(url)
     assert answer.status_code == 302
-    assert answer.headers["Location"].startswith("/console/sign-in?next=")
+    location = urlsplit(answer.headers["Location"])
+    assert (location.path, parse_qs(location.query)) == ("/console/sign-in", {"next": [url]})
 
 
 def test_an_admin_key_signs_in_and_sees_every_page(signed_in):

@@ -95,13 +95,17 @@ ORDER BY due_at, id
 LIMIT %(limit)s;
 
 -- name: parked_in_doubt
--- Payments parked while a call may have charged, oldest due first, across
--- every day up to %(now)s (payments_attention_idx).
-SELECT id, due_at, payer, amount_minor, currency, status, failure_reason, in_doubt_since,
-       updated_at
-FROM payments
-WHERE status = 'FAILED' AND in_doubt AND due_at <= %(now)s
-ORDER BY due_at, id
+-- Payments parked while a call may have charged, whose dead letter is still
+-- open, oldest due first, across every day up to %(now)s
+-- (payments_attention_idx, then dead_letters_open_idx per row: a letter a
+-- human closed leaves its payment FAILED in doubt, but no longer parked).
+SELECT p.id, p.due_at, p.payer, p.amount_minor, p.currency, p.status, p.failure_reason,
+       p.in_doubt_since, p.updated_at
+FROM payments p
+WHERE p.status = 'FAILED' AND p.in_doubt AND p.due_at <= %(now)s
+  AND EXISTS (SELECT 1 FROM dead_letters d
+              WHERE d.payment_id = p.id AND d.resolution IS NULL)
+ORDER BY p.due_at, p.id
 LIMIT %(limit)s;
 
 -- name: reconciliation_runs_page
@@ -127,14 +131,25 @@ ORDER BY id
 LIMIT %(limit)s;
 
 -- name: webhook_backlog_page
--- Live webhook endpoints by payer, keyset-paged on (actor, created_at, id)
--- (webhook_endpoints_actor_idx), each with its delivery backlog: the events
--- past its cursor, counted up to %(count_cap)s (payment_events_feed_idx),
--- the oldest one's time, and how its delivery went so far.
+-- A page of live webhook endpoints by payer, keyset-paged on (actor,
+-- created_at, id) (webhook_endpoints_actor_idx), each with its delivery
+-- backlog: the events past its cursor, counted up to %(count_cap)s
+-- (payment_events_feed_idx), the oldest one's time, and how its delivery
+-- went so far. The page is cut before the backlog is looked at, so only
+-- its endpoints are.
+WITH page AS (
+    SELECT id, actor, url, created_at, next_attempt_at, lease_until, cursor_txid,
+           cursor_event_id, created_snapshot
+    FROM webhook_endpoints
+    WHERE deleted_at IS NULL
+      AND (actor, created_at, id) > (%(after_actor)s, %(after_created_at)s, %(after_id)s)
+    ORDER BY actor, created_at, id
+    LIMIT %(limit)s
+)
 SELECT w.id, w.actor, w.url, w.created_at, w.next_attempt_at, w.lease_until,
        backlog.n AS backlog, head.id AS head_event_id, head.created_at AS oldest_event_at,
        d.attempts AS head_attempts, d.last_status, d.last_error, d.last_attempt_at
-FROM webhook_endpoints w
+FROM page w
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM payment_events e
@@ -151,7 +166,4 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) head ON true
 LEFT JOIN webhook_deliveries d ON d.endpoint_id = w.id AND d.event_id = head.id
-WHERE w.deleted_at IS NULL
-  AND (w.actor, w.created_at, w.id) > (%(after_actor)s, %(after_created_at)s, %(after_id)s)
-ORDER BY w.actor, w.created_at, w.id
-LIMIT %(limit)s;
+ORDER BY w.actor, w.created_at, w.id;

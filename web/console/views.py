@@ -48,7 +48,7 @@ def _guard():
     if request.endpoint == "console.sign_in":
         return None
     if current_operator() is None:
-        target = request.full_path if request.method == "GET" else None
+        target = request.full_path.rstrip("?") if request.method == "GET" else None
         return redirect(url_for("console.sign_in", next=target))
     return None
 
