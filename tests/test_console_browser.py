@@ -43,10 +43,13 @@ def shots(request, tmp_path_factory):
                      tmp_path_factory.mktemp("console-screenshots"))
     directory.mkdir(parents=True, exist_ok=True)
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
 
-    def say(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(line)
+    def say(line: str) -> None:  # past pytest's capture, onto the run's own output
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.ensure_newline()
+                reporter.write_line(line)
 
     say(f"console screenshots: {directory}")
     yield directory
@@ -131,8 +134,15 @@ def test_sign_in_and_see_every_page(page, server, admin_key, conn, shots):
                        (now.date() - timedelta(days=1),)).fetchone()["id"]
     conn.execute("INSERT INTO reconciliation_items (run_id, kind, charge_id, detail) VALUES "
                  "(%s, 'UNKNOWN_REFERENCE', 'ch_zz9', '{\"amount\": 500}')", (run,))
-    conn.execute("INSERT INTO webhook_endpoints (actor, url, secret) VALUES "
-                 "('alice', 'https://hooks.alice.example/paycron', 'whsec_1')")
+    endpoint = conn.execute("INSERT INTO webhook_endpoints (actor, url, secret) VALUES "
+                            "('alice', 'https://hooks.alice.example/paycron', 'whsec_1') "
+                            "RETURNING id").fetchone()["id"]
+    events = [conn.execute("INSERT INTO payment_events (payment_id, payer, type, status, attempt)"
+                           " VALUES (%s, 'alice', 'payment.completed', 'COMPLETED', 1) "
+                           "RETURNING id", (parked["id"],)).fetchone()["id"] for _ in range(3)]
+    conn.execute("INSERT INTO webhook_deliveries (endpoint_id, event_id, attempts, last_status, "
+                 "last_error) VALUES (%s, %s, 4, 503, 'Service Unavailable')",
+                 (endpoint, events[0]))
 
     page.goto(server + "/console/")
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
@@ -172,6 +182,8 @@ def test_sign_in_and_see_every_page(page, server, admin_key, conn, shots):
 
     nav.get_by_role("link", name="Webhooks").click()
     expect(page.get_by_role("cell", name="https://hooks.alice.example/paycron")).to_be_visible()
+    expect(page.get_by_text("Endpoints of alice: 3 events waiting")).to_be_visible()
+    expect(page.get_by_role("cell", name="503: Service Unavailable")).to_be_visible()
     snap(page, shots, "09-webhooks")
 
     page.get_by_role("button", name="Sign out").click()
