@@ -42,6 +42,11 @@ RETURNING id, actor, prefix, scopes, created_at;
 SELECT id, actor, scopes FROM api_keys
 WHERE key_hash = %(key_hash)s AND revoked_at IS NULL;
 
+-- name: find_api_key_by_id
+-- The live key with this id (a console session names its key by id).
+SELECT id, actor, scopes FROM api_keys
+WHERE id = %(id)s AND revoked_at IS NULL;
+
 -- name: list_api_keys
 -- Every key, newest first (never the hash).
 SELECT id, actor, prefix, scopes, created_at, revoked_at FROM api_keys ORDER BY id DESC;

@@ -164,6 +164,14 @@ class Config:
     #: Where every process on the host writes its counters (prometheus_client's
     #: multiprocess mode); the web's /metrics then serves them all.
     prometheus_multiproc_dir: str | None = setting(None, str)
+    #: Signs the operator console's session cookies; the console (``/console/``)
+    #: is served only when it is set (web/console/).
+    console_secret_key: str | None = setting(None, str, secret=True)
+    #: A console session ends this long after its sign-in, whatever is done in it.
+    console_session_minutes: float = setting(60.0, float)
+    #: One read of the console overview's numbers answers this many seconds
+    #: of page views (several operators, a refreshing tab): one read per interval.
+    console_cache_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if self.gateway_timeout_seconds > self.lease_seconds / 3:
@@ -192,6 +200,12 @@ class Config:
             raise ConfigError("WEB_STATEMENT_TIMEOUT must be >= 0 (0: no timeout)")
         if self.metrics_token is not None and len(self.metrics_token) < 16:
             raise ConfigError("METRICS_TOKEN must be at least 16 characters")
+        if self.console_secret_key is not None and len(self.console_secret_key) < 32:
+            raise ConfigError("CONSOLE_SECRET_KEY must be at least 32 characters (it signs "
+                              "the console's sessions; e.g. python -c 'import secrets; "
+                              "print(secrets.token_urlsafe(32))')")
+        if self.console_session_minutes <= 0:
+            raise ConfigError("CONSOLE_SESSION_MINUTES must be > 0")
         if self.gateway == "stripe" and not self.stripe_api_key:
             raise ConfigError("GATEWAY=stripe needs STRIPE_API_KEY (a secret key, sk_live_… "
                               "or sk_test_…)")

@@ -15,7 +15,7 @@ from paycron.gateway import build_gateway
 from paycron.observability import init_sentry
 from paycron.pacing import CallLimiter
 from paycron.rate_limits import ActorRateLimiter
-from web import admin, events, health, metrics, payments, webhooks
+from web import admin, console, events, health, metrics, payments, webhooks
 from web.api import Api
 from web.problems import register_error_handlers
 from web.schemas import now_utc
@@ -49,5 +49,6 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     api = Api(app)  # serves GET /openapi.json, generated from the blueprints' schemas
     for blueprint in (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp):
         api.register_blueprint(blueprint)
+    console.install(app, breaker=breaker)  # only with CONSOLE_SECRET_KEY
     return app
 

@@ -1,0 +1,180 @@
+"""The operator console's pages stay fast with millions of rows (SPEC §16).
+
+    python -m bench.console_pages                      # 1,000,000 payments
+    python -m bench.console_pages --payments 200000 --requests 20
+
+Loads, by COPY into a private database: the payments (a third due today,
+the rest over the week before and after; the past ones COMPLETED with
+one payment in 500 FAILED and one in 2,000 parked in doubt with an open
+dead letter), one payer's idempotency rows (the payer search's order) for
+a fifth of them, a first attempt for each payment due in the last two
+hours, 1,000 webhook endpoints of 500 payers with 100,000 undelivered
+events, and 30 reconciliation runs. Then times each console page through
+the Flask test client, signed in, after a warm-up; the overview's read is
+timed uncached. Prints each page's median and p95 in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import random
+import re
+import statistics
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from bench.harness import REDIS_URL, private_database
+from paycron import apikeys, partitions
+from paycron.config import Config
+from paycron.db import connect
+from paycron.ids import new_payment_id
+
+PAYER = "big-payer"
+WARMUP = 3
+
+
+def load(conn, n: int) -> dict:
+    now = datetime.now(UTC)
+    start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    # the week before today has partitions too (retention keeps 90 days)
+    partitions.ensure_partitions(conn, Config(), today=now.date() - timedelta(days=8))
+    rng = random.Random(7)
+    rows, parked, failed = [], [], None
+    for i in range(n):
+        if i % 3 == 0:  # today
+            due = start + timedelta(seconds=rng.uniform(0, 86400))
+        else:
+            due = now + timedelta(days=rng.uniform(-7, 7))
+        past = due < now - timedelta(seconds=5)
+        status, reason, doubt = ("COMPLETED" if past else "PENDING"), None, False
+        if past and i % 500 == 1:
+            status, reason = "FAILED", "DECLINED"
+        if past and i % 2000 == 3:
+            status, reason, doubt = "FAILED", "RETRIES_EXHAUSTED", True
+        payer = PAYER if i % 5 == 0 else f"payer-{i % 5000}"
+        pid = new_payment_id(due)
+        rows.append((pid, due, payer, status, reason, doubt))
+        if reason == "RETRIES_EXHAUSTED":
+            parked.append((pid, due, payer))
+        if status == "FAILED" and failed is None:
+            failed = pid
+    with conn.transaction():
+        with conn.cursor().copy(
+                "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at, "
+                "status, failure_reason, in_doubt, attempt, failures, created_at) "
+                "FROM STDIN") as copy:
+            for pid, due, payer, status, reason, doubt in rows:
+                copy.write_row((pid, due, payer, "shop", 2500, "USD", due, status, reason,
+                                doubt, 0 if status == "PENDING" else 1,
+                                6 if reason == "RETRIES_EXHAUSTED" else 0, due))
+        with conn.cursor().copy(
+                "COPY idempotency_keys (actor, key, request_hash, payment_id, due_at, "
+                "created_at) FROM STDIN") as copy:
+            for pid, due, payer, *_ in rows:
+                if payer == PAYER:
+                    copy.write_row((payer, str(pid), hashlib.sha256(pid.bytes).digest(), pid,
+                                    due, due - timedelta(days=1)))
+        with conn.cursor().copy(
+                "COPY attempts (payment_id, attempt, gateway_key, started_at, finished_at, "
+                "outcome, due_at) FROM STDIN") as copy:
+            for pid, due, _, status, *_ in rows:
+                if status != "PENDING" and now - timedelta(hours=2) <= due:
+                    started = due + timedelta(seconds=rng.expovariate(1 / 1.5))
+                    copy.write_row((pid, 1, str(pid), started, started + timedelta(
+                        milliseconds=300), "SUCCEEDED" if status == "COMPLETED"
+                        else "AMBIGUOUS", due))
+        with conn.cursor().copy(
+                "COPY dead_letters (payment_id, due_at, payer, reason, last_error, created_at) "
+                "FROM STDIN") as copy:
+            for pid, due, payer in parked:
+                copy.write_row((pid, due, payer, "RETRIES_EXHAUSTED", "timeout", due))
+        conn.execute("INSERT INTO webhook_endpoints (actor, url, secret) "
+                     "SELECT 'payer-' || (g % 500), 'https://hooks.example/' || g, 'whsec_b' "
+                     "FROM generate_series(1, 1000) g")
+        conn.execute("INSERT INTO payment_events (payment_id, payer, type, status, attempt) "
+                     "SELECT gen_random_uuid(), 'payer-' || (g % 500), 'payment.created', "
+                     "'PENDING', 0 FROM generate_series(1, 100000) g")
+        conn.execute("INSERT INTO reconciliation_runs (day, source, finished_at, charges_seen) "
+                     "SELECT current_date - g, 'gateway', now(), 1000 "
+                     "FROM generate_series(1, 30) g")
+    for table in ("payments", "idempotency_keys", "attempts", "dead_letters",
+                  "webhook_endpoints", "payment_events", "reconciliation_runs"):
+        conn.execute(f"ANALYZE {table}")
+    return {"parked": len(parked), "failed": failed, "some": rows[len(rows) // 2][0]}
+
+
+def timed(client, url: str, samples: int) -> list[float]:
+    for _ in range(WARMUP):
+        client.get(url)
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        answer = client.get(url)
+        times.append((time.perf_counter() - started) * 1000)
+        assert answer.status_code in (200, 302), (url, answer.status_code)
+    return times
+
+
+def run(payments: int, requests: int) -> None:
+    from web import create_app
+    from web.console import reads
+
+    with private_database("paycron_bench_console") as url:
+        with connect(Config(database_url=url)) as conn:
+            loaded_at = time.perf_counter()
+            seeded = load(conn, payments)
+            loaded = time.perf_counter() - loaded_at
+            key, _ = apikeys.create_api_key(conn, "bench-ops", admin=True)
+        config = Config.from_env({
+            "DATABASE_URL": url, "REDIS_URL": REDIS_URL,
+            "REDIS_NAMESPACE": f"paycron-bench-{uuid.uuid4().hex[:8]}",
+            "CONSOLE_SECRET_KEY": "bench-console-secret-0123456789abcdef"})
+        app = create_app(config)
+        try:
+            client = app.test_client()
+            page = client.get("/console/sign-in").get_data(as_text=True)
+            token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+            assert client.post("/console/sign-in", data={
+                "api_key": key, "csrf_token": token}).status_code == 302
+            today = datetime.now(UTC).date().isoformat()
+            pages = {
+                "overview (cached)": "/console/",
+                "payment by id": f"/console/payments/{seeded['some']}",
+                "payments of a payer": f"/console/payments?payer={PAYER}",
+                "payer + FAILED": f"/console/payments?payer={PAYER}&status=FAILED",
+                "FAILED, today": f"/console/payments?status=FAILED&day={today}",
+                "today, any status": f"/console/payments?day={today}",
+                "dead letters": "/console/dead-letters",
+                "reconciliation": "/console/reconciliation",
+                "webhooks": "/console/webhooks",
+            }
+            results = {name: timed(client, path, requests) for name, path in pages.items()}
+            pool, breaker_state = app.extensions["paycron.pool"], (lambda: "closed")
+            overview = []
+            for _ in range(max(3, requests // 4)):
+                started = time.perf_counter()
+                with pool.connection() as conn:
+                    reads.read_overview(conn, now=datetime.now(UTC), circuit=breaker_state)
+                overview.append((time.perf_counter() - started) * 1000)
+            results["overview read (uncached)"] = overview
+        finally:
+            app.extensions["paycron.pool"].close()
+    print(f"{payments:,} payments (loaded in {loaded:.0f} s), {seeded['parked']:,} parked "
+          f"in doubt with open dead letters, 1,000 webhook endpoints with 100,000 events "
+          f"waiting; {requests} requests a page")
+    for name, samples in results.items():
+        p95 = statistics.quantiles(samples, n=20)[-1] if len(samples) >= 2 else samples[0]
+        print(f"  {name:<26} median {statistics.median(samples):8.1f} ms   p95 {p95:8.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--payments", type=int, default=1_000_000)
+    parser.add_argument("--requests", type=int, default=30)
+    run(**vars(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

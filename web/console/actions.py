@@ -1,0 +1,109 @@
+"""The dead-letter actions: re-drive, refund, dismiss, and a re-drive of a
+selection. Each is confirmed on a page of its own (a plain form: no script
+needed), then done by ``paycron.dead_letters`` itself, recorded with the
+signed-in operator's actor."""
+
+from __future__ import annotations
+
+import uuid
+
+from flask import current_app, flash, g, redirect, render_template, request, url_for
+
+from paycron import dead_letters
+from paycron.errors import DeadLetterActionRefused, GatewayError, NotFound
+from paycron.ids import parse_payment_id
+from web.console import bp, reads
+from web.console.session import ConsoleRefused
+
+#: What each action is called on its button, and what it will do.
+ACTIONS = {
+    "redrive": ("Re-drive", "Ask the gateway by reference first: a charge found completes "
+                            "the payment; otherwise it goes back to PENDING with a fresh "
+                            "retry budget and the same idempotency key."),
+    "refund": ("Refund", "Refund the charge the gateway holds for this payment (keyed "
+                         "refund:<payment id>, so it is never refunded twice) and close "
+                         "the dead letter."),
+    "dismiss": ("Dismiss", "Close the dead letter without any action at the gateway."),
+}
+#: At most this many payments are re-driven by one confirmation.
+MAX_SELECTION = reads.PAGE
+
+
+def _payment_id(text: str) -> uuid.UUID:
+    parsed = parse_payment_id(text)
+    if parsed is None:
+        raise ConsoleRefused(404, "No dead letter for this payment.")
+    return parsed
+
+
+def _action(name: str) -> tuple[str, str]:
+    if name not in ACTIONS:
+        raise ConsoleRefused(404, "No such action.")
+    return ACTIONS[name]
+
+
+def _do(conn, name: str, payment_id: uuid.UUID, *, note: str | None = None):
+    gateway = current_app.extensions["paycron.gateway"]
+    actor = g.operator.actor
+    current_app.logger.info("console %s payment=%s by=%s", name, payment_id, actor)
+    if name == "redrive":
+        return dead_letters.redrive(conn, gateway, payment_id, actor=actor)
+    if name == "refund":
+        return dead_letters.refund(conn, gateway, payment_id, actor=actor)
+    return dead_letters.dismiss(conn, payment_id, actor=actor, note=note)
+
+
+def _attempt(conn, name: str, payment_id: uuid.UUID, **kwargs) -> tuple[bool, str]:
+    """(done, what to tell the operator)."""
+    try:
+        result = _do(conn, name, payment_id, **kwargs)
+    except (DeadLetterActionRefused, NotFound) as refused:
+        return False, f"{payment_id}: refused: {refused}"
+    except GatewayError as failed:
+        return False, f"{payment_id}: the gateway could not be asked ({failed}); try again"
+    detail = f" ({result.detail})" if result.detail else ""
+    return True, f"{payment_id}: {result.action}{detail}"
+
+
+@bp.get("/dead-letters/<payment_id>/<name>")
+def confirm(payment_id: str, name: str):
+    label, explanation = _action(name)
+    parsed = _payment_id(payment_id)
+    with current_app.extensions["paycron.pool"].connection() as conn:
+        try:
+            shown = dead_letters.show(conn, parsed)
+        except NotFound:
+            raise ConsoleRefused(404, "No dead letter for this payment.") from None
+    return render_template("console/confirm.html", name=name, label=label,
+                           explanation=explanation, payment=shown["payment"],
+                           letter=shown["dead_letters"][0])
+
+
+@bp.post("/dead-letters/<payment_id>/<name>")
+def act(payment_id: str, name: str):
+    _action(name)
+    parsed = _payment_id(payment_id)
+    note = request.form.get("note", "").strip()[:1000] or None
+    with current_app.extensions["paycron.pool"].connection() as conn:
+        done, message = _attempt(conn, name, parsed, note=note)
+    flash(message, "done" if done else "refused")
+    return redirect(url_for("console.dead_letters"))
+
+
+@bp.post("/dead-letters/redrive-selected")
+def redrive_selected():
+    chosen = request.form.getlist("payment_id")
+    ids = [parsed for text in dict.fromkeys(chosen) if (parsed := parse_payment_id(text))]
+    if not ids:
+        flash("Choose at least one dead letter to re-drive.", "refused")
+        return redirect(url_for("console.dead_letters"))
+    if len(ids) > MAX_SELECTION:
+        raise ConsoleRefused(400, f"At most {MAX_SELECTION} payments at once.")
+    if request.form.get("confirmed") != "yes":
+        return render_template("console/confirm_selection.html", ids=ids,
+                               explanation=ACTIONS["redrive"][1])
+    with current_app.extensions["paycron.pool"].connection() as conn:
+        for payment_id in ids:
+            done, message = _attempt(conn, "redrive", payment_id)
+            flash(message, "done" if done else "refused")
+    return redirect(url_for("console.dead_letters"))

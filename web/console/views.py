@@ -1,0 +1,206 @@
+"""The console's pages: sign-in, overview, payments, dead letters,
+reconciliation, webhooks. Every page but sign-in needs a session."""
+
+from __future__ import annotations
+
+from datetime import date
+
+from flask import current_app, flash, redirect, render_template, request, session, url_for
+
+from paycron.enums import Status
+from paycron.ids import parse_payment_id
+from web.console import bp, charts, page_cursor, reads
+from web.console.session import ConsoleRefused, check_csrf, current_operator
+from web.console.session import sign_in as start_session
+from web.console.session import sign_out as end_session
+
+#: The statuses a search offers; AWAITING_GATEWAY joins Status with its migration.
+AWAITING_GATEWAY = "AWAITING_GATEWAY"
+
+
+def statuses() -> list[str]:
+    names = [s.value for s in Status]
+    return names if AWAITING_GATEWAY in names else [*names, AWAITING_GATEWAY]
+
+
+def _pool():
+    return current_app.extensions["paycron.pool"]
+
+
+def _now():
+    return current_app.extensions["paycron.clock"]()
+
+
+def _safe_next(target: str | None) -> str:
+    """Where to go after signing in: a console page, never another site."""
+    if target and target.startswith("/console/") and not target.startswith("//"):
+        return target
+    return url_for("console.overview")
+
+
+@bp.before_request
+def _guard():
+    """CSRF on every POST, then a session on every page but sign-in."""
+    if request.endpoint == "console.static":
+        return None
+    if request.method == "POST":
+        check_csrf()
+    if request.endpoint == "console.sign_in":
+        return None
+    if current_operator() is None:
+        target = request.full_path.rstrip("?") if request.method == "GET" else None
+        return redirect(url_for("console.sign_in", next=target))
+    return None
+
+
+@bp.after_request
+def _no_store(response):
+    # Pages show payments and payers: no cache keeps them after sign-out.
+    response.headers["Cache-Control"] = "no-store"
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("Content-Security-Policy",
+                                "default-src 'self'; frame-ancestors 'none'; form-action 'self'")
+    return response
+
+
+@bp.route("/sign-in", methods=["GET", "POST"])
+def sign_in():
+    notice = None
+    if session.pop("expired", None):
+        notice = "Your session expired. Sign in again."
+    elif session.pop("ended", None):
+        notice = "Your session ended: its API key was revoked or is no longer an admin key."
+    if request.method == "GET":
+        return render_template("console/sign_in.html", notice=notice,
+                               next=request.args.get("next", ""))
+    key = request.form.get("api_key", "").strip()
+    principal = current_app.extensions["paycron.principals"].authenticate(_pool(), key) \
+        if key else None
+    if principal is None:
+        return render_template("console/sign_in.html", next=request.form.get("next", ""),
+                               error="That API key is unknown or revoked."), 401
+    if not principal.is_admin:
+        return render_template(
+            "console/sign_in.html", next=request.form.get("next", ""),
+            error="That is a payer key: only an admin API key can sign in to the console "
+                  "(paycron api-key create --admin)."), 403
+    start_session(principal)
+    current_app.logger.info("console sign-in actor=%s key_id=%s", principal.actor,
+                            principal.key_id)
+    return redirect(_safe_next(request.form.get("next")))
+
+
+@bp.post("/sign-out")
+def sign_out():
+    end_session()
+    flash("Signed out.")
+    return redirect(url_for("console.sign_in"))
+
+
+@bp.get("/")
+def overview():
+    data = current_app.extensions["paycron.console.overview"].get()
+    labels = charts.bucket_labels(reads.LATENESS_EDGES)
+    return render_template(
+        "console/overview.html", data=data,
+        lateness=charts.histogram(data.lateness_buckets, labels),
+        flow=charts.lines({"Claims": data.claims, "Due": data.due}),
+        lateness_rows=list(zip(labels, data.lateness_buckets, strict=True)),
+        flow_rows=list(zip(data.claims, data.due, strict=True)),
+        chart=charts)
+
+
+def _bad(message: str):
+    raise ConsoleRefused(400, message)
+
+
+@bp.get("/payments")
+def payments():
+    args = request.args
+    query = {name: args.get(name, "").strip() for name in ("id", "payer", "status", "day")}
+    status = query["status"] or None
+    if status is not None and status not in statuses():
+        _bad(f"No such status: {status}.")
+    if query["id"]:
+        payment_id = parse_payment_id(query["id"].lower())
+        if payment_id is None:
+            _bad("That is not a payment id (a UUIDv7 such as 0193…).")
+        return redirect(url_for("console.payment", payment_id=payment_id))
+    page, day = None, None
+    try:
+        with _pool().connection() as conn:
+            if query["payer"]:
+                page = reads.payments_of_payer(conn, payer=query["payer"], status=status,
+                                               cursor=page_cursor())
+            elif status or query["day"]:
+                day = date.fromisoformat(query["day"]) if query["day"] else _now().date()
+                query["day"] = day.isoformat()
+                page = reads.payments_of_day(conn, day=day, status=status,
+                                             cursor=page_cursor())
+    except ValueError:
+        _bad("A bad day (use YYYY-MM-DD) or page cursor.")
+    return render_template("console/payments.html", query=query, page=page,
+                           statuses=statuses(), scan=reads.DAY_SCAN)
+
+
+@bp.get("/payments/<payment_id>")
+def payment(payment_id: str):
+    parsed = parse_payment_id(payment_id)
+    if parsed is None:
+        raise ConsoleRefused(404, "No payment has this id.")
+    with _pool().connection() as conn:
+        detail = reads.payment_detail(conn, parsed)
+    if detail is None:
+        raise ConsoleRefused(404, "No payment has this id (or its day was archived).")
+    return render_template("console/payment.html", **detail, now=_now())
+
+
+@bp.get("/dead-letters")
+def dead_letters():
+    now = _now()
+    try:
+        with _pool().connection() as conn:
+            letters = reads.open_letters(conn, cursor=page_cursor())
+            in_doubt = reads.waiting(conn, "parked_in_doubt", now=now)
+            awaiting = reads.waiting(conn, "awaiting_gateway", now=now)
+    except ValueError:
+        _bad("A bad page cursor.")
+    return render_template("console/dead_letters.html", letters=letters, in_doubt=in_doubt,
+                           awaiting=awaiting, now=now)
+
+
+@bp.get("/reconciliation")
+def reconciliation():
+    try:
+        with _pool().connection() as conn:
+            runs = reads.reconciliation_runs(conn, cursor=page_cursor())
+    except ValueError:
+        _bad("A bad page cursor.")
+    return render_template("console/reconciliation.html", runs=runs)
+
+
+@bp.get("/reconciliation/<int:run_id>")
+def reconciliation_run(run_id: int):
+    try:
+        with _pool().connection() as conn:
+            run, items = reads.reconciliation_run(conn, run_id, cursor=page_cursor())
+    except ValueError:
+        _bad("A bad page cursor.")
+    if run is None:
+        raise ConsoleRefused(404, "No reconciliation run has this id.")
+    return render_template("console/reconciliation_run.html", run=run, items=items)
+
+
+@bp.get("/webhooks")
+def webhooks():
+    try:
+        with _pool().connection() as conn:
+            endpoints = reads.webhook_backlog(conn, cursor=page_cursor())
+    except ValueError:
+        _bad("A bad page cursor.")
+    payers: dict[str, list[dict]] = {}
+    for row in endpoints.rows:
+        payers.setdefault(row["actor"], []).append(row)
+    return render_template("console/webhooks.html", endpoints=endpoints, payers=payers,
+                           cap=reads.BACKLOG_CAP, now=_now())
+
