@@ -152,6 +152,10 @@ class Gateway(Protocol):
         """Every payment the processor holds for the reference (raises
         :class:`~paycron.errors.GatewayError` when it cannot tell)."""
 
+    def retrieve(self, charge_id: str) -> Charge:
+        """One processor-side payment as the processor holds it now (a
+        strongly consistent read; raises GatewayError when it cannot tell)."""
+
     def refund(self, charge: Charge) -> Refund:
         """Refund a charge, keyed from what it refunds (so a retry refunds once)."""
 

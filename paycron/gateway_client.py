@@ -175,6 +175,13 @@ class HttpGateway:
         except (KeyError, TypeError, ValueError) as exc:
             raise GatewayError(f"absurd answer to a lookup: {type(exc).__name__}") from exc
 
+    def retrieve(self, charge_id: str) -> Charge:
+        body = _json(self._get(f"/v1/charges/{charge_id}"))
+        try:
+            return _charge(body)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GatewayError(f"absurd answer to a retrieve: {type(exc).__name__}") from exc
+
     def refund(self, charge: Charge) -> Refund:
         key = f"refund:{charge.reference}"
         try:

@@ -143,6 +143,17 @@ def classify_intent(intent: Mapping[str, Any]) -> CallResult:
                       error_code=error_code_of(status), in_doubt=True)
 
 
+def intent_as_charge(intent: Mapping[str, Any]) -> Charge:
+    """A PaymentIntent as the engine's processor-side payment (its reference
+    is the payment id in its metadata, empty when it carries none)."""
+    metadata = intent.get("metadata") or {}
+    return Charge(
+        id=str(intent.get("id")), reference=str(metadata.get(METADATA_KEY) or ""),
+        amount=intent.get("amount"), currency=str(intent.get("currency", "")).upper(),
+        status=INTENT_STATUSES.get(intent.get("status"), str(intent.get("status"))),
+        customer=intent.get("customer"), created_at=_created(intent.get("created")))
+
+
 def _charge_status(charge: Mapping[str, Any]) -> str:
     if charge.get("status") == "succeeded" and (charge.get("refunded")
                                                  or charge.get("amount_refunded")):
@@ -264,18 +275,19 @@ class StripeGateway:
             params["customer"] = request.customer
         if request.since is not None:
             params["created"] = {"gte": int(request.since.timestamp())}
-        found = []
-        for intent in self._pages(self._client.v1.payment_intents.list, params):
-            metadata = intent.get("metadata") or {}
-            if metadata.get(METADATA_KEY) != request.reference:
-                continue
-            found.append(Charge(
-                id=intent["id"], reference=request.reference, amount=intent.get("amount"),
-                currency=str(intent.get("currency", "")).upper(),
-                status=INTENT_STATUSES.get(intent.get("status"), str(intent.get("status"))),
-                customer=intent.get("customer"), idempotency_key=None,
-                created_at=_created(intent.get("created"))))
-        return found
+        intents = self._pages(self._client.v1.payment_intents.list, params)
+        return [charge for charge in map(intent_as_charge, intents)
+                if charge.reference == request.reference]
+
+    def retrieve(self, charge_id: str) -> Charge:
+        """The intent as Stripe holds it now (an event is a hint, never the truth)."""
+        self._take_token()
+        try:
+            intent = self._client.v1.payment_intents.retrieve(charge_id)
+        except stripe.StripeError as exc:
+            raise GatewayError(f"Stripe retrieve failed: {type(exc).__name__} "
+                               f"{exc.http_status}") from exc
+        return intent_as_charge(intent.to_dict())
 
     def refund(self, charge: Charge) -> Refund:
         key = f"refund:{charge.id}"

@@ -442,21 +442,24 @@ WITH settled AS (
 )
 SELECT id, status FROM settled;
 
--- name: lock_due_polls
--- Waiting payments whose next poll is due, oldest poll first, locked so two
--- schedulers poll each once (SKIP LOCKED); every waiting payment is due in
--- the past, so future partitions are pruned at plan time by %(now)s.
-SELECT id, due_at, payer, gateway_intent_id, polls, awaiting_since, amount_minor, currency,
-       customer
-FROM payments
-WHERE status = 'AWAITING_GATEWAY' AND next_poll_at <= now() AND due_at <= %(now)s
-ORDER BY next_poll_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
-
--- name: poll_later
--- Still processing: the next poll after the backing-off interval.
-UPDATE payments
-SET polls = polls + 1, next_poll_at = now() + make_interval(secs => %(delay)s)
-WHERE id = %(id)s AND due_at = %(due_at)s AND status = 'AWAITING_GATEWAY'
-  AND gateway_intent_id = %(intent)s;
+-- name: claim_due_polls
+-- Waiting payments whose next poll is due, oldest poll first: each is
+-- claimed by moving its next poll out by the next backing-off interval
+-- (%(intervals)s, by polls so far) and committed before the processor is
+-- asked, so no connection waits on a call, two schedulers never poll one
+-- payment at once (SKIP LOCKED), and a crash only delays a poll. Every
+-- waiting payment is due in the past: %(now)s prunes future partitions.
+WITH due AS (
+    SELECT id, due_at FROM payments
+    WHERE status = 'AWAITING_GATEWAY' AND next_poll_at <= now() AND due_at <= %(now)s
+    ORDER BY next_poll_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE payments p
+SET polls = p.polls + 1,
+    next_poll_at = now() + make_interval(secs => (%(intervals)s::float8[])[
+        least(p.polls + 1, cardinality(%(intervals)s::float8[]))])
+FROM due
+WHERE p.id = due.id AND p.due_at = due.due_at AND p.due_at <= %(now)s
+RETURNING p.id, p.due_at, p.gateway_intent_id, p.polls, p.awaiting_since;

@@ -1,0 +1,155 @@
+"""The gateway-event service: applies the processor's stored events and polls
+payments whose event never came (SPEC §12), one River-shaped service.
+
+Each run: apply pending events in batches (retrieve the processor-side
+payment, then :func:`paycron.gateway_events.settle`); an event whose
+payment has not recorded its call yet stays pending and is tried again with
+backoff. Then poll waiting payments whose next poll is due (5 min, 30 min,
+2 h, then every 12 h without an event): each is claimed by moving its next
+poll out, committed, and only then asked about, so no connection waits on
+the processor. Every retrieve takes a token from the shared call window
+(the adapter's), so neither path pushes charges past the processor's limit.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from psycopg_pool import ConnectionPool
+
+from paycron import gateway_events, policy
+from paycron.config import Config
+from paycron.gateway import Gateway
+from paycron.gateway_events import SETTLING_TYPES, Result
+from paycron.sql import q
+from scheduler.service import PeriodicService
+
+log = logging.getLogger("paycron.gateway_events")
+
+#: Events or polls per batch; a run goes on while batches come back full.
+BATCH = 100
+#: An event that cannot apply yet is tried again after this, doubling, up to the cap...
+EVENT_RETRY_SECONDS, EVENT_RETRY_MAX_SECONDS = 5.0, 3600.0
+#: ...and is given up after this many tries (the poller settles its payment anyway).
+EVENT_MAX_ATTEMPTS = 40
+#: An event being applied is someone's for this long (a crash only delays it).
+EVENT_CLAIM_SECONDS = 60.0
+#: Who the audit rows and events name.
+EVENT_ACTOR, POLL_ACTOR = "gateway-event", "gateway-poll"
+
+
+@dataclass
+class EventCounts:
+    applied: int = 0
+    waiting: int = 0  # events that could not apply yet
+    polled: int = 0
+    settled: int = 0
+    paged: int = 0
+    failed: int = 0  # retrieves that failed (tried again later)
+
+
+class GatewayEventService(PeriodicService):
+    name = "gateway-events"
+    interval_seconds = 1.0
+
+    def __init__(self, *, config: Config, pool: ConnectionPool, gateway: Gateway,
+                 batch: int = BATCH):
+        self.config = config
+        self.pool = pool
+        self.gateway = gateway
+        self.batch = batch
+
+    def run_once(self) -> EventCounts:
+        counts = EventCounts()
+        while self._apply_events(counts) == self.batch:
+            pass
+        while self._poll(counts) == self.batch:
+            pass
+        if counts.applied or counts.polled:
+            log.info("gateway events: %s", counts)
+        return counts
+
+    def close(self) -> None:
+        self.gateway.close()
+
+    # ---- events
+
+    def _apply_events(self, counts: EventCounts) -> int:
+        with self.pool.connection() as conn:
+            events = conn.execute(q("claim_pending_gateway_events"), {
+                "limit": self.batch, "claim_seconds": EVENT_CLAIM_SECONDS}).fetchall()
+        for event in events:
+            with self.pool.connection() as conn:
+                self._apply(conn, event, counts)
+        return len(events)
+
+    def _apply(self, conn, event: dict, counts: EventCounts) -> None:
+        key = {"processor": event["processor"], "id": event["id"]}
+        if event["type"] not in SETTLING_TYPES or not event["intent_id"]:
+            self._done(conn, key, Result.IGNORED, counts)
+            return
+        if event["payment_id"] is None:
+            self._done(conn, key, Result.UNKNOWN_PAYMENT, counts)
+            return
+        try:
+            charge = self.gateway.retrieve(event["intent_id"])
+        except Exception as exc:  # the processor is down: the event waits
+            log.warning("gateway event %s: retrieve failed (%s)", event["id"],
+                        type(exc).__name__)
+            counts.failed += 1
+            self._later(conn, event, key, Result.NOT_YET)
+            return
+        if charge.reference != str(event["payment_id"]):
+            # Signed, but not what the processor holds: nothing changes.
+            log.warning("gateway event %s names payment %s, the processor's %s says %r",
+                        event["id"], event["payment_id"], charge.id, charge.reference)
+            result = Result.DISAGREES
+        else:
+            result = gateway_events.settle(conn, event["payment_id"], charge,
+                                           actor=EVENT_ACTOR)
+        if result is Result.NOT_YET and event["attempts"] + 1 < EVENT_MAX_ATTEMPTS:
+            self._later(conn, event, key, result)
+            counts.waiting += 1
+            return
+        self._done(conn, key, result, counts)
+
+    @staticmethod
+    def _done(conn, key: dict, result: Result, counts: EventCounts) -> None:
+        conn.execute(q("gateway_event_applied"), {**key, "result": result})
+        counts.applied += 1
+        counts.settled += result in (Result.COMPLETED, Result.FAILED)
+        counts.paged += result is Result.PAGED
+
+    def _later(self, conn, event: dict, key: dict, result: Result) -> None:
+        delay = min(EVENT_RETRY_SECONDS * 2 ** min(event["attempts"], 16),
+                    EVENT_RETRY_MAX_SECONDS)
+        conn.execute(q("gateway_event_later"), {**key, "result": result, "delay": delay})
+
+    # ---- polls
+
+    def _poll(self, counts: EventCounts) -> int:
+        now = datetime.now(UTC)
+        with self.pool.connection() as conn:
+            due = conn.execute(q("claim_due_polls"), {
+                "now": now, "limit": self.batch, "intervals": list(policy.POLL_INTERVALS),
+            }).fetchall()
+        for row in due:
+            counts.polled += 1
+            try:
+                charge = self.gateway.retrieve(row["gateway_intent_id"])
+            except Exception as exc:  # asked again at its next poll
+                log.warning("poll of payment %s failed (%s)", row["id"], type(exc).__name__)
+                counts.failed += 1
+                continue
+            with self.pool.connection() as conn:
+                result = gateway_events.settle(conn, row["id"], charge, actor=POLL_ACTOR)
+            counts.settled += result in (Result.COMPLETED, Result.FAILED)
+            counts.paged += result is Result.PAGED
+            waited = (now - row["awaiting_since"]).total_seconds()
+            if result is Result.STILL_PROCESSING and waited > policy.AWAITING_PAGE_AFTER:
+                log.error("payment %s has waited %.0f days for processor payment %s: page",
+                          row["id"], waited / 86400, charge.id)
+                counts.paged += 1
+        return len(due)
