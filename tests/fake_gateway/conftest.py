@@ -8,7 +8,7 @@ import httpx
 import pytest
 import stripe
 
-from devtools.fake_gateway import GatewayHandle
+from devtools.fake_gateway import GatewayHandle, stripe_args
 from tests.fake_gateway.fakeclient import start_gateway
 from tests.fake_gateway.stripeclient import WebhookReceiver, sdk
 
@@ -49,3 +49,17 @@ def receiver() -> Iterator[WebhookReceiver]:
     endpoint = WebhookReceiver()
     yield endpoint
     endpoint.close()
+
+
+#: The key the second gateway is started with (its command line, not a control).
+CLI_API_KEY = "sk_test_from_the_command_line"
+
+
+@pytest.fixture(scope="session")
+def short_memory_gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A second fake, started with a one-second key retention and its own Stripe key."""
+    group, url = start_gateway(tmp_path_factory.mktemp("short-memory-gateway"),
+                               "--key-retention-seconds", "1",
+                               *stripe_args(api_key=CLI_API_KEY, search_lag_seconds=0))
+    yield url
+    group.stop()
