@@ -28,7 +28,6 @@ Point the official SDK at it with ``base_addresses={"api": "<fake>/stripe"}``.
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -130,7 +129,10 @@ class StripeSurface:
 
     @property
     def ledger(self) -> StripeLedger:
-        return self.processor.stripe_ledger
+        """The processor's Stripe ledger (a new one after each reset), told the search lag."""
+        ledger = self.processor.stripe_ledger
+        ledger.search_lag_seconds = self.settings.search_lag_ms / 1000
+        return ledger
 
     def routes(self) -> list[web.RouteDef]:
         table: list[tuple[str, str, Handler]] = [
@@ -231,6 +233,7 @@ class StripeSurface:
 
     async def create_intent(self, request: web.Request, call: Call) -> web.StreamResponse:
         """`POST /v1/payment_intents`."""
+        self.processor.stats["charge_requests"] += 1
         params = await _form(request)
         check_known(params, CREATE_PARAMS)
         amount = integer(params, "amount", required=True)
@@ -255,7 +258,6 @@ class StripeSurface:
         expand = self._expansions(params, "payment_intent")
 
         async def run() -> Answer:
-            self.processor.stats["charge_requests"] += 1
             fate = await self.processor.fate(stored_errors=True)
             _before_execution(fate)
             intent = self.ledger.create_intent(call.origin(), **fields)
@@ -269,6 +271,7 @@ class StripeSurface:
 
     async def confirm_intent(self, request: web.Request, call: Call) -> web.StreamResponse:
         """`POST /v1/payment_intents/{id}/confirm`: confirm it (again, after a decline)."""
+        self.processor.stats["charge_requests"] += 1
         intent = self._intent(request.match_info["id"])
         params = await _form(request)
         check_known(params, CONFIRM_PARAMS)
@@ -278,7 +281,6 @@ class StripeSurface:
         expand = self._expansions(params, "payment_intent")
 
         async def run() -> Answer:
-            self.processor.stats["charge_requests"] += 1
             fate = await self.processor.fate(stored_errors=True)
             _before_execution(fate)
             _expect_state(intent, CONFIRMABLE, "confirm")
@@ -354,8 +356,10 @@ class StripeSurface:
         check_known(params, frozenset({"query", "limit", "page", "expand"}))
         query = parse_query(string(params, "query", required=True) or "")
         size, page = limit(params), string(params, "page")
-        expand = expansions(params)
-        found = [intent for intent in self.ledger.searchable(self.settings.search_lag_ms / 1000)
+        expand = [path.removeprefix("data.") for path in expansions(params)]
+        total = "total_count" in expand
+        expand = [path for path in expand if path != "total_count"]
+        found = [intent for intent in self.ledger.searchable()
                  if query.matches(intent)]
         start = 0
         if page is not None:
@@ -370,7 +374,7 @@ class StripeSurface:
         result = search_result("/v1/payment_intents/search",
                                self._expand_all(data, expand, "payment_intent"), has_more,
                                next_page)
-        if "total_count" in expand:
+        if total:
             result["total_count"] = len(found)
         return json_response(200, result)
 
@@ -501,7 +505,7 @@ class StripeSurface:
         """`obj` with the ids at `paths` replaced by their objects (a copy, if any)."""
         if not paths:
             return obj
-        expanded = copy.deepcopy(obj)
+        expanded = dict(obj)  # only top-level ids are replaced
         for path in paths:
             target = EXPANDABLE[obj["object"]][path]
             if expanded.get(path) is not None:
@@ -635,7 +639,7 @@ def _expect_state(intent: StripeObject, allowed: tuple[str, ...], action: str) -
 def _unexpected_state(intent: StripeObject, message: str) -> StripeError:
     """Stripe's 400 for an intent in the wrong state (execution began: stored)."""
     return StripeError(400, message, code="payment_intent_unexpected_state", stored=True,
-                       payment_intent=copy.deepcopy(intent))
+                       payment_intent=dict(intent))
 
 
 async def _form(request: web.Request) -> Params:

@@ -3,12 +3,13 @@ events, and the error a decline answers.
 
 Plain dicts, built here only, with the fields of Stripe's API reference that
 an integration reads (ids, statuses, amounts, the customer, the payment
-method, metadata, unix-second timestamps); the ledger mutates them in place.
+method, metadata, unix-second timestamps). The ledger changes an object by
+replacing its top-level values, never by mutating a nested one, so a
+snapshot (an event's, the search index's) is a shallow copy.
 """
 
 from __future__ import annotations
 
-import copy
 import secrets
 from typing import Any
 
@@ -151,13 +152,13 @@ def refund(charge_: StripeObject, amount: int, reason: str | None,
 
 def event(event_type: str, obj: StripeObject, *, created: int, api_version: str,
           request_id: str | None, idempotency_key: str | None) -> StripeObject:
-    """An Event carrying a snapshot of `obj` as it is now."""
+    """An Event carrying a snapshot of `obj` as it is now (see the module docstring)."""
     return {
         "id": new_id("evt_"),
         "object": "event",
         "api_version": api_version,
         "created": created,
-        "data": {"object": copy.deepcopy(obj)},
+        "data": {"object": dict(obj)},
         "livemode": False,
         "pending_webhooks": 0,
         "request": {"id": request_id, "idempotency_key": idempotency_key},
