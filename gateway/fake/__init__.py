@@ -15,4 +15,12 @@ Over HTTP:
     (``/_faults``, ``/_stats``, ``/_ledger``, ``/_reset``, ``/healthz``),
     `jsonapi` (JSON answers and errors), `app` (the aiohttp application),
     `__main__` (the command line).
+The Stripe-shaped surface (SPEC §12), under ``/stripe`` for the official SDK:
+    `stripe_api` (the routes and the writes), `stripe_reads` (retrieve, list,
+    search, expand), `stripe_idempotency` (Stripe's replays), `stripe_wire`
+    (form encoding, errors, auth, lists), `stripe_ledger` (intents, charges,
+    refunds, events, the lagging search index), `stripe_objects` (the
+    objects' shapes), `stripe_methods` (test payment methods, amount limits),
+    `stripe_search` (the query language), `stripe_webhooks` (signed event
+    deliveries), `stripe_settings` and `stripe_controls` (``/_stripe…``).
 """

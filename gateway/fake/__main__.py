@@ -1,5 +1,8 @@
 """``python -m gateway.fake [--host 127.0.0.1] [--port 9090]
-[--key-retention-seconds 86400] [--seed N]``: serve the fake gateway."""
+[--key-retention-seconds 86400] [--seed N] [--stripe-api-key sk_test_…]
+[--stripe-webhook-url URL]… [--stripe-webhook-secret whsec_…]…
+[--stripe-settle-seconds 5] [--stripe-search-lag-seconds 60]``: serve the
+fake gateway (its card surface, and the Stripe-shaped one under ``/stripe``)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,13 @@ from aiohttp import web
 
 from gateway.fake.app import make_app
 from gateway.fake.keys import DEFAULT_KEY_RETENTION_SECONDS
+from gateway.fake.stripe_settings import (
+    DEFAULT_API_KEY,
+    DEFAULT_SEARCH_LAG_MS,
+    DEFAULT_SETTLE_DELAY_MS,
+    DEFAULT_WEBHOOK_SECRET,
+    StripeSettings,
+)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9090
@@ -34,10 +44,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="how long an idempotency key's answer is remembered (default: one day)",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of the fault dice")
+    stripe = parser.add_argument_group("the Stripe surface")
+    stripe.add_argument("--stripe-api-key", default=DEFAULT_API_KEY,
+                        help=f"the secret key requests must present (default: {DEFAULT_API_KEY})")
+    stripe.add_argument("--stripe-webhook-url", action="append", default=[],
+                        help="an endpoint events are POSTed to (repeat for more)")
+    stripe.add_argument("--stripe-webhook-secret", action="append", default=[],
+                        help="a whsec_ secret events are signed with (repeat to roll one; "
+                             f"default: {DEFAULT_WEBHOOK_SECRET})")
+    stripe.add_argument("--stripe-settle-seconds", type=float,
+                        default=DEFAULT_SETTLE_DELAY_MS / 1000,
+                        help="how long a bank debit stays processing")
+    stripe.add_argument("--stripe-search-lag-seconds", type=float,
+                        default=DEFAULT_SEARCH_LAG_MS / 1000,
+                        help="how far the search index lags behind")
     args = parser.parse_args(argv)
     if args.key_retention_seconds <= 0:
         parser.error("--key-retention-seconds must be positive")
+    if not args.stripe_api_key.startswith(("sk_test_", "sk_live_")):
+        parser.error("--stripe-api-key must be a secret key (sk_test_… or sk_live_…)")
+    if args.stripe_settle_seconds < 0 or args.stripe_search_lag_seconds < 0:
+        parser.error("--stripe-settle-seconds and --stripe-search-lag-seconds must be >= 0")
     return args
+
+
+def stripe_settings(args: argparse.Namespace) -> StripeSettings:
+    """The Stripe surface's initial settings (what `/_reset` returns to)."""
+    return StripeSettings(
+        api_key=args.stripe_api_key,
+        webhook_urls=tuple(args.stripe_webhook_url),
+        webhook_secrets=tuple(args.stripe_webhook_secret) or (DEFAULT_WEBHOOK_SECRET,),
+        settle_delay_ms=round(args.stripe_settle_seconds * 1000),
+        search_lag_ms=round(args.stripe_search_lag_seconds * 1000),
+    )
 
 
 def _announce(message: str) -> None:
@@ -58,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     """Serve the fake gateway until SIGINT/SIGTERM (no access log: it is on the hot path)."""
     args = parse_args(argv)
     web.run_app(
-        make_app(args.key_retention_seconds, seed=args.seed),
+        make_app(args.key_retention_seconds, seed=args.seed, stripe=stripe_settings(args)),
         host=args.host,
         port=args.port,
         access_log=None,

@@ -7,13 +7,17 @@ default: every charge waits ``latency_ms``; ``"lognormal"``: median
 ``error_rate`` (500/502/503, no charge), ``timeout_rate`` (sleep
 ``timeout_sleep_ms`` then 504, no charge), ``charge_then_drop_rate``
 (charge, store the answer, then close the connection unanswered),
+``error_after_charge_rate`` (Stripe surface only: charge, then answer a 500
+that is stored for the key and replayed),
 ``rate_limit_per_s`` (more charge requests than this in the current
 one-second window → 429 with ``Retry-After``; 0 or null = unlimited),
 ``seed`` (reseed the fault dice) and ``reset: true`` (defaults first); it
 answers the settings now in force, or 400 and changes nothing. ``GET
 /_faults`` shows the settings, ``GET /_stats`` the counters, ``GET
-/_ledger`` every charge (succeeded or refunded), ``POST /_reset`` forgets
-everything; ``GET /healthz``.
+/_ledger`` every card charge (succeeded or refunded) and, under ``stripe``,
+every Stripe intent, charge and refund with its status; ``POST /_reset``
+forgets everything; ``GET /healthz``. The Stripe surface's own controls are
+in `stripe_controls`.
 """
 
 from __future__ import annotations
@@ -63,8 +67,10 @@ class Controls:
         return json_response(200, self.processor.stats)
 
     async def get_ledger(self, request: web.Request) -> web.StreamResponse:
-        """`GET /_ledger`: every charge (succeeded or refunded): the truth tests check against."""
-        return json_response(200, {"charges": self.processor.ledger.entries()})
+        """`GET /_ledger`: the truth tests check against: every card charge (succeeded
+        or refunded), and every Stripe intent, charge and refund."""
+        return json_response(200, {"charges": self.processor.ledger.entries(),
+                                   "stripe": self.processor.stripe_ledger.entries()})
 
     async def post_reset(self, request: web.Request) -> web.StreamResponse:
         """`POST /_reset`: back to an empty gateway with no faults."""

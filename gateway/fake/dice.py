@@ -24,10 +24,20 @@ class Dice:
         # or off leaves the seed's sequence of faults as it was; and the
         # latencies drawn are the same values whatever order requests come in.
         self._latency = random.Random(None if seed is None else f"latency-{seed}")
+        # Webhook deliveries (loss, duplicates, reordering) have theirs too.
+        self._webhooks = random.Random(None if seed is None else f"webhooks-{seed}")
 
     def roll(self, rate: float) -> bool:
         """True with probability `rate`; the dice are only thrown when a fault is on."""
         return rate > 0 and self._faults.random() < rate
+
+    def webhook_roll(self, rate: float) -> bool:
+        """True with probability `rate`, from the webhook stream."""
+        return rate > 0 and self._webhooks.random() < rate
+
+    def webhook_delay_ms(self, most_ms: int) -> float:
+        """A uniform extra delay in [0, most_ms] before a delivery (reordering)."""
+        return self._webhooks.uniform(0, most_ms) if most_ms else 0.0
 
     def server_error_status(self) -> int:
         """The status of an injected server error."""

@@ -39,9 +39,15 @@ class Faults:
     timeout_sleep_ms: int = DEFAULT_TIMEOUT_SLEEP_MS
     charge_then_drop_rate: float = 0.0
     rate_limit_per_s: int | None = None
+    #: Stripe surface only: execute the charge, then answer 500 and store that
+    #: 500 for the key (Stripe replays a 500 that happened after execution began).
+    error_after_charge_rate: float = 0.0
 
 
-RATE_FIELDS = ("decline_rate", "error_rate", "timeout_rate", "charge_then_drop_rate")
+RATE_FIELDS = (
+    "decline_rate", "error_rate", "timeout_rate", "charge_then_drop_rate",
+    "error_after_charge_rate",
+)
 MILLISECOND_FIELDS = ("latency_ms", "timeout_sleep_ms")
 #: Durations that may be unset (null); zero is refused, as no distribution has it.
 OPTIONAL_MILLISECOND_FIELDS = ("latency_p50_ms", "latency_p99_ms", "latency_cap_ms")

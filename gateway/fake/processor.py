@@ -1,11 +1,12 @@
 """The one fake processor behind every HTTP surface: its state, and each charge's fate.
 
-A surface (the card API of `card.py`; later a Stripe-shaped one) parses its
+A surface (the card API of `card.py`, the Stripe-shaped `stripe_api.py`) parses its
 own wire format, asks the processor to admit the request and to claim the
 key, asks what befalls the charge (`fate`), and renders the answer in its
 own format. The key store, the ledger, the faults, the dice and the
 counters are shared, so every surface meets the same faults and the same
-truth in `/_ledger`.
+truth in `/_ledger` (the Stripe surface keeps its intents and charges in
+`stripe_ledger`, beside the card ledger).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import dataclasses
 import enum
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gateway.fake.dice import Dice
@@ -21,10 +23,14 @@ from gateway.fake.errors import KeyInUse, KeyMismatch, RateLimited
 from gateway.fake.faults import Faults, seed_setting, updated_faults
 from gateway.fake.keys import KeyEntry, KeyStore
 from gateway.fake.ledger import Charge, Ledger
+from gateway.fake.stripe_ledger import StripeLedger
 
 STAT_NAMES = (
     "charge_requests", "rate_limited", "declined", "errors", "timeouts", "dropped",
     "charges", "replays", "in_use", "key_mismatches", "refunds",
+    # the Stripe surface's own
+    "stored_errors", "auth_failures", "settled", "events", "deliveries",
+    "delivery_failures", "events_lost",
 )
 
 
@@ -37,6 +43,7 @@ class Outcome(enum.Enum):
     SERVER_ERROR = "server_error"  # an injected 5xx: no charge, nothing stored
     UNAVAILABLE = "unavailable"  # the processor is down (503): no charge, nothing stored
     TIMEOUT = "timeout"  # the key was held for the timeout sleep: 504, no charge
+    CHARGE_THEN_ERROR = "charge_then_error"  # charged, then a 500 that is stored (Stripe)
 
 
 #: The counter each outcome adds to when it is decided (a charge counts when recorded).
@@ -46,6 +53,7 @@ OUTCOME_STATS = {
     Outcome.SERVER_ERROR: "errors",
     Outcome.UNAVAILABLE: "errors",
     Outcome.TIMEOUT: "timeouts",
+    Outcome.CHARGE_THEN_ERROR: "stored_errors",
 }
 
 
@@ -63,6 +71,7 @@ CHARGE_THEN_DROP = Fate(Outcome.CHARGE_THEN_DROP)
 DECLINE = Fate(Outcome.DECLINE)
 UNAVAILABLE = Fate(Outcome.UNAVAILABLE)
 TIMEOUT = Fate(Outcome.TIMEOUT)
+CHARGE_THEN_ERROR = Fate(Outcome.CHARGE_THEN_ERROR)
 
 
 class RateWindow:
@@ -92,20 +101,25 @@ class FakeProcessor:
     def __init__(self, *, retention_seconds: float, seed: int | None = None) -> None:
         self.keys = KeyStore(retention_seconds=retention_seconds)
         self.initial_seed = seed
+        #: Called after every reset: a surface forgets its own state (timers, settings).
+        self.reset_hooks: list[Callable[[], None]] = []
         self._start_afresh()
 
     def reset(self) -> None:
-        """Forget the ledger, the keys, the faults and the counters; reseed the dice."""
+        """Forget the ledgers, the keys, the faults and the counters; reseed the dice."""
         self.keys.clear()
         self._start_afresh()
+        for hook in self.reset_hooks:
+            hook()
 
     def _start_afresh(self) -> None:
+        self.stats = dict.fromkeys(STAT_NAMES, 0)
         self.ledger = Ledger()
+        self.stripe_ledger = StripeLedger(self.stats)
         self.rate_window = RateWindow()
         self.faults = Faults()
         self.seed = self.initial_seed
         self.dice = Dice(self.seed)
-        self.stats = dict.fromkeys(STAT_NAMES, 0)
 
     # ---- fault settings
 
@@ -145,13 +159,15 @@ class FakeProcessor:
             self.stats["replays"] += 1
         return entry
 
-    async def fate(self, forced: Fate | None = None) -> Fate:
+    async def fate(self, forced: Fate | None = None, *, stored_errors: bool = False) -> Fate:
         """What befalls a charge: `forced` (a surface's test input), else the faults decide.
 
         The charge waits its latency, then the fate is counted; a timeout
-        then holds the caller (and so its key) for `timeout_sleep_ms`.
+        then holds the caller (and so its key) for `timeout_sleep_ms`. Only
+        a surface that stores 500s (`stored_errors`: Stripe) can draw
+        `CHARGE_THEN_ERROR`.
         """
-        fate = forced if forced is not None else self._draw()
+        fate = forced if forced is not None else self._draw(stored_errors)
         if fate.latency_ms:
             await asyncio.sleep(fate.latency_ms / 1000)
         stat = OUTCOME_STATS.get(fate.outcome)
@@ -161,7 +177,7 @@ class FakeProcessor:
             await asyncio.sleep(self.faults.timeout_sleep_ms / 1000)
         return fate
 
-    def _draw(self) -> Fate:
+    def _draw(self, stored_errors: bool = False) -> Fate:
         """Throw the dice of the current faults, in a fixed order, as the request arrives.
 
         Thrown on arrival rather than after the latency, a seed gives the
@@ -178,6 +194,8 @@ class FakeProcessor:
             fate = DECLINE
         elif dice.roll(faults.charge_then_drop_rate):
             fate = CHARGE_THEN_DROP
+        elif stored_errors and dice.roll(faults.error_after_charge_rate):
+            fate = CHARGE_THEN_ERROR
         else:
             fate = CHARGE
         return dataclasses.replace(fate, latency_ms=latency_ms) if latency_ms else fate

@@ -12,6 +12,7 @@ import pytest
 from gateway.fake import card, controls, errors
 from gateway.fake.dice import Dice, lognormal_ms
 from gateway.fake.faults import Faults
+from gateway.fake.processor import FakeProcessor, Outcome
 
 DRAWS = 20_000
 
@@ -76,3 +77,29 @@ def test_the_fake_imports_nothing_of_the_engine() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_stripe_surface_does_not_use_the_stripe_sdk() -> None:
+    """The stub is the server the SDK is tested against: sharing its code would hide drift."""
+    probe = "import sys, gateway.fake.app; print('stripe' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_webhook_dice_do_not_move_the_fault_dice() -> None:
+    plain, busy = Dice(5), Dice(5)
+    rolls = [plain.roll(0.5) for _ in range(100)]
+    interleaved = []
+    for _ in range(100):
+        busy.webhook_roll(0.5)
+        busy.webhook_delay_ms(100)
+        interleaved.append(busy.roll(0.5))
+    assert interleaved == rolls
+
+
+def test_the_error_after_charge_fault_is_drawn_only_for_a_surface_that_stores_500s() -> None:
+    processor = FakeProcessor(retention_seconds=60, seed=1)
+    processor.configure({"error_after_charge_rate": 1.0})
+    assert processor._draw(stored_errors=False).outcome is Outcome.CHARGE
+    assert processor._draw(stored_errors=True).outcome is Outcome.CHARGE_THEN_ERROR
