@@ -2,7 +2,7 @@
 
 It reads :class:`Config`, reports to Sentry as "scheduler", builds the
 pools, the Redis client and a broker to send with, and runs each periodic
-service (sweeper, reaper, partition keeper, webhook relay) in a thread of
+service (sweeper, reaper, partition keeper, webhook relay, gateway events) in a thread of
 its own until SIGTERM. No leader: run as many as you like; SKIP LOCKED, the
 shared pacing bucket and the guarded reaper make them cooperate through
 Postgres and Redis alone. It sends the workers' message (paycron.messages)
@@ -22,10 +22,12 @@ from psycopg_pool import ConnectionPool
 from paycron.breaker import CircuitBreaker
 from paycron.config import Config
 from paycron.db import make_pool, make_redis
+from paycron.gateway import build_gateway
 from paycron.messages import execute_message
 from paycron.metrics import serve_metrics
 from paycron.observability import configure_logging, init_sentry
-from paycron.pacing import ClaimPacer
+from paycron.pacing import CallLimiter, ClaimPacer
+from scheduler.gateway_events import GatewayEventService
 from scheduler.partition_keeper import PartitionKeeper
 from scheduler.reaper import Reaper
 from scheduler.relay import RelayConfig, WebhookRelay
@@ -78,6 +80,10 @@ def build(config: Config) -> Scheduler:
         Reaper(config=config, pool=pool),
         PartitionKeeper(config=config, pool=pool),
         WebhookRelay(pool=relay_pool, config=relay_config),
+        # Retrieves take tokens from the workers' call window: polling never
+        # pushes charges past the processor's rate limit.
+        GatewayEventService(config=config, pool=pool, gateway=build_gateway(
+            config, max_connections=4, call_limiter=CallLimiter(client, config))),
     ]
     return Scheduler(services=services, pools=[pool, relay_pool], broker=broker)
 

@@ -81,6 +81,17 @@ def gateway_server(tmp_path_factory):
 
 
 @pytest.fixture
+def stripe_config(config, gateway):
+    """The engine configured for Stripe, on the fake gateway's Stripe surface
+    (its default secret key and webhook signing secret)."""
+    from devtools.fake_gateway import STRIPE_API_KEY, STRIPE_WEBHOOK_SECRET
+
+    return config.with_overrides(gateway="stripe", stripe_api_key=STRIPE_API_KEY,
+                                 stripe_api_base=gateway.stripe_url,
+                                 stripe_webhook_secret=(STRIPE_WEBHOOK_SECRET,))
+
+
+@pytest.fixture
 def gateway(gateway_server):
     """The shared fake gateway, reset: no faults, an empty ledger."""
     handle = GatewayHandle(gateway_server)

@@ -13,7 +13,7 @@ from paycron.breaker import CircuitBreaker
 from paycron.config import Config
 from paycron.db import make_pool
 from paycron.execution import Executor
-from paycron.gateway_client import HttpGateway
+from paycron.gateway import build_gateway
 from paycron.pacing import ClaimPacer
 from paycron.transitions import Claim
 from scheduler.reaper import Reaper
@@ -31,8 +31,7 @@ class Engine:
         self.pool = make_pool(self.config, max_size=8, name="test-engine")
         self.redis = redis.Redis.from_url(self.config.redis_url)
         self.breaker = CircuitBreaker(self.redis, self.config, clock=self.clock)
-        self.gateway = HttpGateway(self.config.gateway_url,
-                                   timeout=self.config.gateway_timeout_seconds)
+        self.gateway = build_gateway(self.config)
         self.executor = Executor(config=self.config, pool=self.pool, gateway=self.gateway,
                                  breaker=self.breaker, call_limiter=None)
         self.sweeper = Sweeper(settings=SweepSettings.from_config(self.config), pool=self.pool,

@@ -47,7 +47,8 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     register_error_handlers(app)
     metrics.install(app, breaker=breaker)
     api = Api(app)  # serves GET /openapi.json, generated from the blueprints' schemas
-    for blueprint in (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp):
+    for blueprint in (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp,
+                      gateway_events.bp):
         api.register_blueprint(blueprint)
     console.install(app, breaker=breaker)  # only with CONSOLE_SECRET_KEY
     return app

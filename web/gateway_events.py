@@ -1,0 +1,64 @@
+"""``POST /v1/gateway-events/stripe``: Stripe's signed events, kept for the scheduler.
+
+Authenticated by the processor's signature alone (SPEC §12): the SDK's
+``Webhook.construct_event`` against each of ``STRIPE_WEBHOOK_SECRET``'s
+secrets (a list, so one can be rotated), with its timestamp tolerance. A
+verified event is stored once (idempotent on its id) and answered 200 at
+once: no call to Stripe in a web thread — the scheduler's gateway-event
+service retrieves the intent before anything changes. Without a secret
+configured the endpoint answers 503, so Stripe keeps retrying (for days)
+until an operator sets one: no event is lost to a missing setting.
+"""
+
+from __future__ import annotations
+
+import stripe
+from flask import current_app, request
+from marshmallow import fields
+
+from paycron import gateway_events
+from web.api import Blueprint
+from web.problems import Problem, problem
+from web.schemas import Answer
+
+bp = Blueprint("gateway_events", __name__,
+               description="Inbound events of the payment processor (signed by it).")
+
+#: Stripe's own default: a signature older than this is refused (replays).
+SIGNATURE_TOLERANCE_SECONDS = 300
+
+
+class ReceivedSchema(Answer):
+    received = fields.Boolean(metadata={"enum": [True]})
+    duplicate = fields.Boolean()
+
+
+def _verified(payload: bytes, signature: str, secrets: tuple[str, ...]) -> stripe.Event:
+    for secret in secrets:
+        try:
+            return stripe.Webhook.construct_event(payload, signature, secret,
+                                                  tolerance=SIGNATURE_TOLERANCE_SECONDS)
+        except stripe.SignatureVerificationError:
+            continue
+        except ValueError:  # not JSON: nothing a signature could make right
+            break
+    raise Problem(400, "INVALID_SIGNATURE",
+                  "the Stripe-Signature header is missing, wrong or too old")
+
+
+@bp.post("/v1/gateway-events/stripe")
+@bp.response(200, ReceivedSchema, description="Verified and stored (or already stored).")
+@bp.alt_response(400, **problem("No, a wrong or a stale signature (INVALID_SIGNATURE): "
+                                "nothing is stored."))
+@bp.alt_response(503, **problem("No signing secret is configured (UNAVAILABLE): Stripe "
+                                "retries later."))
+def receive_stripe_event():
+    """Receive one of Stripe's signed events (configure this URL at Stripe)."""
+    secrets = current_app.extensions["paycron.config"].stripe_webhook_secret
+    if not secrets:
+        raise Problem(503, "UNAVAILABLE", "STRIPE_WEBHOOK_SECRET is not set")
+    signature = request.headers.get("Stripe-Signature", "")
+    event = _verified(request.get_data(cache=False), signature, secrets)
+    with current_app.extensions["paycron.pool"].connection() as conn:
+        stored = gateway_events.store(conn, processor="stripe", event=event.to_dict())
+    return {"received": True, "duplicate": not stored}
