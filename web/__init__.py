@@ -15,7 +15,7 @@ from paycron.gateway import build_gateway
 from paycron.observability import init_sentry
 from paycron.pacing import CallLimiter
 from paycron.rate_limits import ActorRateLimiter
-from web import admin, console, events, health, metrics, payments, webhooks
+from web import admin, console, events, gateway_events, health, metrics, payments, webhooks
 from web.api import Api
 from web.problems import register_error_handlers
 from web.schemas import now_utc
