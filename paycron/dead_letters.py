@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from psycopg import Connection
 
 from paycron import lookups, transitions
+from paycron.config import Config
 from paycron.enums import Outcome, Resolution
 from paycron.errors import DeadLetterActionRefused, NotFound
 from paycron.gateway import Gateway
@@ -54,7 +55,7 @@ def _open_letter(conn: Connection, payment_id: uuid.UUID) -> dict:
 
 
 def redrive(conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *,
-            actor: str) -> ActionResult:
+            actor: str, poll_seconds: float = Config.gateway_poll_seconds) -> ActionResult:
     letter = _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
     lookup = lookups.look_up(gateway, payment)
@@ -69,8 +70,12 @@ def redrive(conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *,
             f"the processor holds {lookup.charge.id} for this payment with another amount, "
             "currency or customer: look at it there; never re-driven under a new key")
     if lookup.answer is Answer.PROCESSING:
-        raise DeadLetterActionRefused(
-            f"the processor is still processing {lookup.charge.id}: wait for its outcome")
+        if transitions.await_from_lookup(conn, payment_id, intent=lookup.charge.id,
+                                         actor=actor, poll_seconds=poll_seconds):
+            return ActionResult(payment_id, "awaiting_gateway",
+                                f"the processor is processing {lookup.charge.id}: it waits "
+                                "for its outcome")
+        raise DeadLetterActionRefused("the payment changed state; look again")
     if not lookup.conclusive:
         at = lookups.conclusive_at(payment)
         raise DeadLetterActionRefused(

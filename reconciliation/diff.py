@@ -140,7 +140,8 @@ def judge_charge(charge: ReportCharge, payment: PaymentView | None, *,
         return Verdict.MISMATCH, [Item(k, payment.id, charge.id, detail) for k in pages]
     if payment.status is Status.COMPLETED:
         return Verdict.MATCHED, []
-    if payment.status is Status.PROCESSING:
+    if payment.status in (Status.PROCESSING, Status.AWAITING_GATEWAY):
+        # its worker's, or the gateway-event service's (a debit settling)
         return Verdict.DEFERRED, [Item(ItemKind.DEFERRED, payment.id, charge.id, detail)]
     return Verdict.REPAIR, []  # FAILED or PENDING: our miss
 

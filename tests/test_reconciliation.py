@@ -76,6 +76,7 @@ def kinds(diff) -> list[ItemKind]:
     (Status.FAILED, Verdict.REPAIR),
     (Status.PENDING, Verdict.REPAIR),
     (Status.PROCESSING, Verdict.DEFERRED),
+    (Status.AWAITING_GATEWAY, Verdict.DEFERRED),  # settled by its event or the poller
     (Status.CANCELLED, Verdict.MISMATCH),
 ])
 def test_a_charge_is_judged_by_its_payments_status(status, verdict):
