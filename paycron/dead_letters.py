@@ -17,7 +17,7 @@ from psycopg import Connection
 
 from paycron import lookups, transitions
 from paycron.config import Config
-from paycron.enums import Outcome, Resolution
+from paycron.enums import Outcome, Resolution, Status
 from paycron.errors import DeadLetterActionRefused, NotFound
 from paycron.gateway import Gateway
 from paycron.ids import due_range
@@ -98,6 +98,9 @@ def refund(conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *,
     """Refund the payment's charge (if the processor holds one) and close its letter."""
     _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
+    if payment["status"] == Status.AWAITING_GATEWAY:
+        raise DeadLetterActionRefused("the payment waits for the processor's outcome: "
+                                      "nothing to refund yet")
     lookup = lookups.look_up(gateway, payment)
     if lookup.answer is not Answer.CHARGED:
         raise DeadLetterActionRefused("the processor holds no charge for this payment "

@@ -96,6 +96,13 @@ class DatabaseCollector(Collector):
             "paycron_due_inflow_5m_payments":
                 ("Payments that fell due in the last 5 minutes", row["due_5m"]),
             "paycron_dead_letters_open": ("Open dead letters", row["dlq_open"]),
+            "paycron_awaiting_gateway_payments":
+                ("Payments the processor accepted and settles later", row["awaiting"]),
+            "paycron_oldest_awaiting_gateway_age_seconds":
+                ("Age of the oldest payment AWAITING_GATEWAY (0 when none)",
+                 row["oldest_awaiting_age"] or 0),
+            "paycron_gateway_events_pending":
+                ("Processor events stored and not yet applied", row["gateway_events_pending"]),
             "paycron_partitions_ahead_days": ("Days ahead covered by partitions", ahead),
             "paycron_reconciliation_mismatches":
                 ("Mismatches in the latest reconciliation run", row["mismatches"] or 0),

@@ -18,6 +18,10 @@ SELECT
      WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s) AS oldest_due_age,
     (SELECT count(*) FROM payments
      WHERE status = 'PROCESSING' AND due_at <= %(now)s) AS processing,
+    (SELECT count(*) FROM payments
+     WHERE status = 'AWAITING_GATEWAY' AND due_at <= %(now)s) AS awaiting_gateway,
+    (SELECT extract(epoch FROM now() - min(awaiting_since)) FROM payments
+     WHERE status = 'AWAITING_GATEWAY' AND due_at <= %(now)s) AS oldest_awaiting_age,
     (SELECT count(*) FROM dead_letters WHERE resolution IS NULL) AS dlq_open,
     -- first called at another processor than the configured one: never
     -- claimed here (SPEC §3), waiting for an operator
@@ -41,6 +45,12 @@ SELECT
     (SELECT count(*) FROM payments
      WHERE due_at > %(since)s AND due_at <= %(now)s) AS due_5m,
     (SELECT count(*) FROM dead_letters WHERE resolution IS NULL) AS dlq_open,
+    -- accepted by the processor, settled later (bank debits): how many, how old
+    (SELECT count(*) FROM payments
+     WHERE status = 'AWAITING_GATEWAY' AND due_at <= %(now)s) AS awaiting,
+    (SELECT extract(epoch FROM now() - min(awaiting_since)) FROM payments
+     WHERE status = 'AWAITING_GATEWAY' AND due_at <= %(now)s) AS oldest_awaiting_age,
+    (SELECT count(*) FROM gateway_events WHERE applied_at IS NULL) AS gateway_events_pending,
     -- The latest run of the most recent day reconciled: nonzero pages.
     (SELECT mismatches FROM reconciliation_runs
      ORDER BY day DESC, id DESC LIMIT 1) AS mismatches;
