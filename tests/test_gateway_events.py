@@ -274,8 +274,8 @@ def test_a_redrive_that_finds_the_debit_processing_waits_for_it(engine, conn, ga
 def test_waiting_payments_are_counted_with_their_age(engine, conn, gateway):
     from paycron import stats
 
-    assert stats.health(conn)["awaiting"] == 0
+    assert stats.health(conn)["awaiting_gateway"] == 0
     waiting(engine, conn)
     figures = stats.health(conn)
-    assert figures["awaiting"] == 1 and figures["oldest_awaiting_age"] >= 0
+    assert figures["awaiting_gateway"] == 1 and figures["oldest_awaiting_age"] >= 0
     assert figures["backlog"] == 0  # never late: not in the backlog
