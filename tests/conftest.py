@@ -29,7 +29,7 @@ RUN_ID = uuid.uuid4().hex[:10]
 #: Tables emptied between tests (cheap DELETEs: the partitions stay).
 _TABLES = ("payments", "attempts", "payment_events", "dead_letters", "idempotency_keys",
            "api_keys", "refunds", "webhook_deliveries", "webhook_endpoints",
-           "reconciliation_items", "reconciliation_runs")
+           "reconciliation_items", "reconciliation_runs", "customers")
 
 
 def dsn_for(dbname: str) -> str:
