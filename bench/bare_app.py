@@ -61,6 +61,7 @@ def _insert_statement():
                 "request_hash": hashlib.sha256(raw_body).digest(), "id": payment["id"],
                 "due_at": due_at, "payee": payment["payee"],
                 "amount_minor": payment["amount"], "currency": "USD", "run_at": due_at,
+                "payment_method": None, "customer": None, "processor": "fake",
             }).fetchone()
 
     return write

@@ -24,6 +24,20 @@ class ValidationFailed(PaycronError):
         self.messages = messages
 
 
+class CustomerNotYours(ValidationFailed):
+    """The create names a processor customer that another actor used first
+    (SPEC §12: each customer belongs to the first actor that names it).
+    Refused per field like any bad body, under a code of its own; nothing
+    is created, and the answer says nothing more about that customer."""
+
+    code = "CUSTOMER_NOT_YOURS"
+    MESSAGE = "customer belongs to another payer"
+
+    def __init__(self):
+        PaycronError.__init__(self, "the customer belongs to another payer")
+        self.messages = {"customer": [self.MESSAGE]}
+
+
 class IdempotencyKeyReused(PaycronError):
     """The same (actor, key) was used before with a different request body."""
 

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from psycopg import Connection
 
-from paycron.errors import IdempotencyKeyReused
+from paycron.errors import CustomerNotYours, IdempotencyKeyReused, PaycronError
 from paycron.ids import due_range, new_payment_id
 from paycron.sql import q
 
@@ -28,6 +28,11 @@ _FIRST_PAGE = ("infinity", uuid.UUID(int=(1 << 128) - 1))
 FILTERED_SCAN_FACTOR = 4
 
 
+def _archived() -> IdempotencyKeyReused:
+    """A used key whose payment is gone: its partition was detached."""
+    return IdempotencyKeyReused("this Idempotency-Key belongs to an archived payment")
+
+
 @dataclass(frozen=True)
 class NewPayment:
     """A validated create request (money in minor units, due time aware UTC)."""
@@ -36,6 +41,9 @@ class NewPayment:
     amount_minor: int
     currency: str
     due_at: datetime
+    #: The processor's opaque tokens (Stripe ``pm_…``, ``cus_…``), when given.
+    payment_method: str | None = None
+    customer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,27 +79,84 @@ def find_replay(conn: Connection, actor: str, key: str, body_hash: bytes) -> dic
 
 
 def create_payment(conn: Connection, *, actor: str, key: str, body_hash: bytes,
-                   new: NewPayment, smear_seconds: float = 0.0) -> Created:
+                   new: NewPayment, processor: str, smear_seconds: float = 0.0) -> Created:
     """Insert the payment, its idempotency row and its event in one transaction.
 
     Concurrent creates with one key: the first insert wins, the others wait
     for it and then answer as replays of it (or 409 if their body differs).
+
+    A payment naming a customer needs the customer bound to ``actor`` at
+    ``processor`` (SPEC §12): the first create naming it binds it, in the
+    same transaction as the payment; a customer another actor bound first is
+    :class:`CustomerNotYours`, and nothing is created. A create naming a
+    customer already bound to it costs no more than one without.
     """
     run_at = new.due_at
     if smear_seconds > 0:
         # Humans schedule for round times; smearing spreads a midnight spike.
         run_at += timedelta(seconds=random.uniform(0, smear_seconds))
     payment_id = new_payment_id(new.due_at)
-    row = conn.execute(q("create_payment"), {
+    params = {
         "actor": actor, "key": key, "request_hash": body_hash, "id": payment_id,
         "due_at": new.due_at, "payee": new.payee, "amount_minor": new.amount_minor,
-        "currency": new.currency, "run_at": run_at,
-    }).fetchone()
+        "currency": new.currency, "run_at": run_at, "payment_method": new.payment_method,
+        "customer": new.customer, "processor": processor,
+    }
+    row = conn.execute(q("create_payment"), params).fetchone()
     if row is not None:
         return Created(payment={**row, "attempts": []}, replayed=False)
+    if new.customer is not None:
+        owner = _customer_owner(conn, processor, new.customer)
+        if owner is None:
+            return _create_binding(conn, params, body_hash)
+        if owner != actor:
+            return _replay_or(conn, actor, key, body_hash, CustomerNotYours())
+        replay = find_replay(conn, actor, key, body_hash)
+        if replay is not None:
+            return Created(payment=replay, replayed=True)
+        # Bound to this actor by a concurrent create that committed after the
+        # insert began: visible to a new statement.
+        row = conn.execute(q("create_payment"), params).fetchone()
+        if row is not None:
+            return Created(payment={**row, "attempts": []}, replayed=False)
+    return _replay_or(conn, actor, key, body_hash, _archived())
+
+
+def _customer_owner(conn: Connection, processor: str, customer: str) -> str | None:
+    row = conn.execute(q("customer_owner"),
+                       {"processor": processor, "customer": customer}).fetchone()
+    return None if row is None else row["actor"]
+
+
+def _create_binding(conn: Connection, params: dict, body_hash: bytes) -> Created:
+    """The create of a payment naming a customer no one has named yet: bind
+    it and create, in one transaction. Of concurrent first creates naming
+    one customer, one binds it; the others wait for that one's commit (the
+    customer's primary key) and then read its owner, as a later create would."""
+    actor, key = params["actor"], params["key"]
+    try:
+        with conn.transaction():
+            bound = conn.execute(q("bind_customer"), params).fetchone()
+            if bound is None and _customer_owner(conn, params["processor"],
+                                                 params["customer"]) != actor:
+                raise CustomerNotYours()
+            row = conn.execute(q("create_payment"), params).fetchone()
+            if row is not None:
+                return Created(payment={**row, "attempts": []}, replayed=False)
+            # The key was used: a replay (its body named this customer, so the
+            # binding was there already), or a 409 that undoes the binding.
+            return _replay_or(conn, actor, key, body_hash, _archived())
+    except CustomerNotYours as refused:
+        return _replay_or(conn, actor, key, body_hash, refused)
+
+
+def _replay_or(conn: Connection, actor: str, key: str, body_hash: bytes,
+               refusal: PaycronError) -> Created:
+    """The replay of an earlier create under (actor, key), else ``refusal``
+    raised. A replay returns the original payment whatever changed since."""
     replay = find_replay(conn, actor, key, body_hash)
-    if replay is None:  # the key's payment vanished: its partition was detached
-        raise IdempotencyKeyReused("this Idempotency-Key belongs to an archived payment")
+    if replay is None:
+        raise refusal
     return Created(payment=replay, replayed=True)
 
 

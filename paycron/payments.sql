@@ -1,15 +1,22 @@
 -- name: create_payment
 -- One statement, one transaction: the idempotency row, the payment and its
 -- created event. A conflicting (actor, key) waits for the first writer and
--- then inserts nothing: zero rows back means "look the key up again".
+-- then inserts nothing; so does a payment naming a customer not bound to
+-- this actor (yet): zero rows back means "look the key and the customer up".
+-- A binding is never undone, so one this statement sees stays true.
 WITH idem AS (
     INSERT INTO idempotency_keys (actor, key, request_hash, payment_id, due_at)
-    VALUES (%(actor)s, %(key)s, %(request_hash)s, %(id)s, %(due_at)s)
+    SELECT %(actor)s, %(key)s, %(request_hash)s, %(id)s, %(due_at)s
+    WHERE %(customer)s::text IS NULL OR EXISTS (
+        SELECT 1 FROM customers
+        WHERE processor = %(processor)s AND customer = %(customer)s AND actor = %(actor)s)
     ON CONFLICT (actor, key) DO NOTHING
     RETURNING payment_id
 ), pay AS (
-    INSERT INTO payments (id, due_at, payer, payee, amount_minor, currency, run_at)
-    SELECT %(id)s, %(due_at)s, %(actor)s, %(payee)s, %(amount_minor)s, %(currency)s, %(run_at)s
+    INSERT INTO payments (id, due_at, payer, payee, amount_minor, currency, run_at,
+                          payment_method, customer)
+    SELECT %(id)s, %(due_at)s, %(actor)s, %(payee)s, %(amount_minor)s, %(currency)s, %(run_at)s,
+           %(payment_method)s, %(customer)s
     FROM idem
     RETURNING *
 ), ev AS (
@@ -19,6 +26,19 @@ WITH idem AS (
     FROM pay
 )
 SELECT * FROM pay;
+
+-- name: customer_owner
+-- The actor a processor's customer is bound to, if it is bound.
+SELECT actor FROM customers WHERE processor = %(processor)s AND customer = %(customer)s;
+
+-- name: bind_customer
+-- Binds a processor's customer to the actor naming it, unless it is bound.
+-- A concurrent binding of the same customer waits for the first writer and
+-- then inserts nothing: zero rows back means "read the owner again".
+INSERT INTO customers (processor, customer, actor)
+VALUES (%(processor)s, %(customer)s, %(actor)s)
+ON CONFLICT (processor, customer) DO NOTHING
+RETURNING actor;
 
 -- name: find_idempotency_key
 -- The earlier create under this (actor, key), if any.

@@ -4,13 +4,16 @@ answers as a test scripts it, over real HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from psycopg import sql
 from sentry_sdk.transport import Transport
 
 
@@ -123,3 +126,39 @@ class ScriptedGateway:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextlib.contextmanager
+def refusing_writes_of(conn, customer: str) -> Iterator[None]:
+    """While open, Postgres refuses every write of a payment naming
+    ``customer`` (its insert or update, and an update of its dead letter)
+    with an error quoting the payment's payer, payee, customer and payment
+    method, the way Postgres quotes a value it refuses: ``invalid input
+    syntax for type uuid: "<payer> <payee> <customer> <payment method>"``.
+    For the privacy tests: data in an error's message must not leave."""
+    name = sql.Identifier(f"refuse_{uuid.uuid4().hex[:12]}")
+    literal = sql.Literal(customer)
+    conn.execute(sql.SQL("""
+        CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_TABLE_NAME = 'dead_letters' THEN
+                PERFORM (p.payer || ' ' || p.payee || ' ' || p.customer || ' '
+                         || p.payment_method)::uuid
+                FROM payments p WHERE p.id = NEW.payment_id AND p.customer = {customer};
+            ELSIF NEW.customer = {customer} THEN
+                PERFORM (NEW.payer || ' ' || NEW.payee || ' ' || NEW.customer || ' '
+                         || NEW.payment_method)::uuid;
+            END IF;
+            RETURN NEW;
+        END $$""").format(name=name, customer=literal))
+    for table in ("payments", "dead_letters"):
+        conn.execute(sql.SQL("CREATE TRIGGER {name} BEFORE INSERT OR UPDATE ON {table} "
+                             "FOR EACH ROW EXECUTE FUNCTION {name}()").format(
+            name=name, table=sql.Identifier(table)))
+    try:
+        yield
+    finally:
+        for table in ("payments", "dead_letters"):
+            conn.execute(sql.SQL("DROP TRIGGER {name} ON {table}").format(
+                name=name, table=sql.Identifier(table)))
+        conn.execute(sql.SQL("DROP FUNCTION {name}()").format(name=name))

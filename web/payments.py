@@ -5,14 +5,24 @@ The API never enqueues work: it writes rows, and the database is the schedule.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from flask import current_app, g
-from marshmallow import Schema, ValidationError, fields, post_load, validate, validates
+from marshmallow import (
+    Schema,
+    ValidationError,
+    fields,
+    missing,
+    post_load,
+    validate,
+    validates,
+    validates_schema,
+)
 
-from paycron import payments, transitions
+from paycron import payments, stripe_amounts, transitions
 from paycron.config import Config
 from paycron.enums import CancelOutcome, Status
 from paycron.errors import CancelRefused, NotFound, ValidationFailed
@@ -52,6 +62,49 @@ DUE_AT_PATTERN = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-5][0-9](\.[
 CREATE_PAYMENT = "CreatePayment"
 
 
+#: How the document states the Stripe rules beside the amount's limit.
+STRIPE_AMOUNT_RULES = (
+    " With this processor (Stripe), also at least Stripe's minimum charge in the currency "
+    "(e.g. 50 in USD or EUR, 30 in GBP, 50 in JPY); whole units in zero-decimal currencies "
+    "(JPY, KRW, ...: 500 is 500 JPY), a multiple of 100 in ISK and UGX, and ending in 0 in "
+    "the three-decimal BHD, JOD, KWD, OMR and TND.")
+
+
+class ProcessorToken(fields.String):
+    """A processor's opaque token (Stripe ``pm_…``, ``cus_…``): 1-255
+    printable ASCII characters, like an Idempotency-Key. Optional (null when
+    absent) unless the app's processor needs it: :meth:`require`."""
+
+    #: Stated in the document; checked by :func:`_printable_token`.
+    PATTERN = r"^[\x20-\x7e]+$"
+
+    def __init__(self, name: str, **kwargs):
+        super().__init__(
+            data_key=name, load_default=None, allow_none=True,
+            validate=[validate.Length(min=1, max=255, error=f"{name} must be 1-255 characters"),
+                      _printable_token(name)],
+            error_messages={"required": f"{name} is required with this processor",
+                            "null": f"{name} is required with this processor"},
+            **kwargs)
+        self.metadata = {**self.metadata, "pattern": self.PATTERN}
+
+    def require(self) -> None:
+        """Required and not null (the processor charges a customer's payment method)."""
+        self.required, self.allow_none, self.load_default = True, False, missing
+
+
+def _printable_token(name: str) -> Callable[[str], None]:
+    def validate_token(value: str) -> None:
+        unicode_text(value)  # a lone surrogate: its own message, as in every text field
+        if not _PRINTABLE_TOKEN.match(value):
+            raise ValidationError(f"{name} must be printable ASCII characters")
+
+    return validate_token
+
+
+_PRINTABLE_TOKEN = re.compile(ProcessorToken.PATTERN)
+
+
 class CreatePaymentSchema(Strict):
     """The create body, loaded into a :class:`NewPayment`. The limits that are
     settings come from the config it is built with, so an app's schema both
@@ -77,6 +130,15 @@ class CreatePaymentSchema(Strict):
         load_default=None, validate=validate.OneOf(
             sorted(ISO_4217), error="currency must be an ISO 4217 code, e.g. USD"),
         metadata={"description": "ISO 4217 code; {default_currency} when absent or null."})
+    payment_method = ProcessorToken(
+        "paymentMethod", metadata={"description": (
+            "The processor's payment method to charge (Stripe: pm_...), an opaque token. "
+            "{processor_fields}")})
+    customer = ProcessorToken(
+        "customer", metadata={"description": (
+            "The processor's customer the payment method belongs to (Stripe: cus_...), an "
+            "opaque token. It belongs to the first payer that names it: another payer's is "
+            "refused (CUSTOMER_NOT_YOURS). {processor_fields}")})
 
     def __init__(self, config: Config, clock: Callable[[], datetime], **kwargs):
         super().__init__(**kwargs)
@@ -84,9 +146,27 @@ class CreatePaymentSchema(Strict):
         amount = self.fields["amount"]
         amount.validators = [*amount.validators, validate.Range(
             max=config.max_amount_minor, error="amount must be at most {max}")]
+        # Stripe's amount and currency rules, only where Stripe charges.
+        self.processor_rules = stripe_amounts if config.gateway == "stripe" else None
+        if config.needs_customer:
+            for name in ("payment_method", "customer"):
+                self.fields[name].require()
+        texts = {**vars(config), "processor_fields": (
+            "Required with this processor." if config.needs_customer else
+            "Optional with this processor; null when absent.")}
+        if self.processor_rules is not None:
+            currency = self.fields["currency"]
+            currency.validators = [*currency.validators, validate.OneOf(
+                sorted(stripe_amounts.CURRENCIES & ISO_4217),
+                error=stripe_amounts.UNSUPPORTED_CURRENCY)]
+            amount.validators.append(validate.Range(max=stripe_amounts.MAX_AMOUNT, error=(
+                stripe_amounts.amount_problem(stripe_amounts.MAX_AMOUNT + 1, "USD"))))
+            texts["max_amount_minor"] = min(config.max_amount_minor, stripe_amounts.MAX_AMOUNT)
+            amount.metadata = {**amount.metadata, "description": amount.metadata[
+                "description"] + STRIPE_AMOUNT_RULES}
         for field in self.fields.values():
             field.metadata = {**field.metadata, "description": field.metadata[
-                "description"].format(**vars(config))}
+                "description"].format(**texts)}
 
     @validates("due_at")
     def _due_window(self, value: datetime, data_key: str) -> None:
@@ -96,11 +176,29 @@ class CreatePaymentSchema(Strict):
         if value > now + timedelta(days=self.config.horizon_days):
             raise ValidationError(f"dueAt must be within {self.config.horizon_days} days")
 
+    @validates_schema(skip_on_field_errors=False)
+    def _processor_accepts(self, data: dict, **kwargs) -> None:
+        """The processor's own rules for the amount in its currency (Stripe:
+        :mod:`paycron.stripe_amounts`), once both loaded. A currency given is
+        checked by the field (so the document lists the processor's); the
+        default, here."""
+        if self.processor_rules is None or "currency" not in data:
+            return
+        currency = data["currency"] or self.config.default_currency
+        problem = self.processor_rules.currency_problem(currency)
+        if problem is not None:
+            raise ValidationError({"currency": [problem]})
+        if "amount" in data:
+            problem = self.processor_rules.amount_problem(data["amount"], currency)
+            if problem is not None:
+                raise ValidationError({"amount": [problem]})
+
     @post_load
     def _new_payment(self, data: dict, **kwargs) -> NewPayment:
         return NewPayment(payee=data["payee"], amount_minor=data["amount"],
                           currency=data["currency"] or self.config.default_currency,
-                          due_at=data["due_at"].astimezone(UTC))
+                          due_at=data["due_at"].astimezone(UTC),
+                          payment_method=data["payment_method"], customer=data["customer"])
 
 
 class IdempotencyKeyHeader(Schema):
@@ -170,8 +268,10 @@ _CREATED_HEADERS = {
         responses={201: {"links": links("payment_id", "payments_show", "payments_cancel")}})
 @bp.response(201, PaymentSchema, headers=_CREATED_HEADERS, description=(
     "Created, or the replay of an earlier create with this key and body."))
-@bp.alt_response(400, **problem("No or a bad Idempotency-Key, bad JSON, or an invalid body "
-                                "(VALIDATION_FAILED, messages per field in errors)."))
+@bp.alt_response(400, **problem("No or a bad Idempotency-Key, bad JSON, an invalid body "
+                                "(VALIDATION_FAILED, messages per field in errors), or a "
+                                "customer another payer named first (CUSTOMER_NOT_YOURS, "
+                                "the message in errors.customer)."))
 @bp.alt_response(409, **problem("This Idempotency-Key was used with another body "
                                 "(IDEMPOTENCY_KEY_REUSED)."))
 @bp.alt_response(413, **TOO_LARGE)
@@ -203,10 +303,11 @@ def create():
         if replay is None:
             raise
         return _created(replay, replayed=True)
+    config = current_app.extensions["paycron.config"]
     with _pool().connection() as conn:
         created = payments.create_payment(
             conn, actor=actor, key=idempotency_key, body_hash=body_hash, new=new,
-            smear_seconds=current_app.extensions["paycron.config"].smear_seconds,
+            processor=config.gateway, smear_seconds=config.smear_seconds,
         )
     return _created(created.payment, created.replayed)
 

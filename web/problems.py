@@ -59,7 +59,8 @@ class ProblemSchema(Answer):
     """RFC 9457 problem details with a stable machine ``code``."""
 
     class Meta:
-        optional = ("errors",)  # only VALIDATION_FAILED has per-field messages
+        # only VALIDATION_FAILED and CUSTOMER_NOT_YOURS have per-field messages
+        optional = ("errors",)
 
     type = fields.String()
     title = fields.String()

@@ -167,6 +167,10 @@ class PaymentSchema(Answer):
     amount = fields.Integer(attribute="amount_minor",
                             metadata={"description": "Integer minor units of the currency."})
     currency = fields.String()
+    payment_method = fields.String(data_key="paymentMethod", allow_none=True, metadata={
+        "description": "The processor's payment method charged; null when none was given."})
+    customer = fields.String(allow_none=True, metadata={
+        "description": "The processor's customer charged; null when none was given."})
     due_at = fields.AwareDateTime(data_key="dueAt")
     status = fields.String(metadata={"enum": [s.value for s in Status]})
     failure_reason = fields.String(data_key="failureReason", allow_none=True,
