@@ -33,7 +33,13 @@ import httpx
 
 from bench.harness import UNLIMITED_API
 from bench.servers import PrivatePostgres, PrivateRedis
-from devtools.fake_gateway import GatewayHandle, charges_per_key
+from devtools.fake_gateway import (
+    STRIPE_API_KEY,
+    STRIPE_WEBHOOK_SECRET,
+    GatewayHandle,
+    charges_per_key,
+    stripe_args,
+)
 from devtools.procs import (
     ProcessGroup,
     free_port,
@@ -64,6 +70,35 @@ FAULTS = {"decline_rate": 0.03, "error_rate": 0.05, "timeout_rate": 0.02,
           "timeout_sleep_ms": 2500, "charge_then_drop_rate": 0.03, "rate_limit_per_s": 250,
           "latency_ms": 5}
 DECLINE_AMOUNT, ALWAYS_503_AMOUNT = 40002, 50003
+#: With --gateway stripe: Stripe's 500 stored after charging, replayed for the key.
+STRIPE_FAULTS = {**FAULTS, "error_after_charge_rate": 0.02}
+#: With --gateway stripe: the engine polls waiting debits soon (GATEWAY_POLL_SECONDS),
+#: the stub settles them after a couple of seconds and loses, duplicates and
+#: reorders their signed events.
+STRIPE_ENGINE = {"GATEWAY": "stripe", "STRIPE_API_KEY": STRIPE_API_KEY,
+                 "STRIPE_WEBHOOK_SECRET": STRIPE_WEBHOOK_SECRET, "GATEWAY_POLL_SECONDS": "3"}
+STRIPE_EVENTS = {"webhook_loss_rate": 0.25, "webhook_duplicate_rate": 0.25,
+                 "webhook_reorder_ms": 1500, "webhook_retry_ms": 500,
+                 "enabled_events": ["payment_intent.succeeded",
+                                    "payment_intent.payment_failed"]}
+STRIPE_SETTLE_SECONDS = 2.0
+
+
+def stripe_method(n: int) -> str:
+    """The soak's mix of Stripe's test payment methods: mostly cards that
+    succeed, bank debits that settle later (1 in 10 succeeds, 1 in 50 fails),
+    declines, a decline Stripe advises retrying, one needing its customer."""
+    if n % 40 == 3:
+        return "pm_card_chargeDeclined"
+    if n % 50 == 2:
+        return "pm_bank_processing_fails"
+    if n % 10 == 1:
+        return "pm_bank_processing_succeeds"
+    if n % 31 == 7:
+        return "pm_card_chargeDeclinedProcessingError"
+    if n % 97 == 5:
+        return "pm_card_authenticationRequired"
+    return "pm_card_visa"
 
 
 @dataclass
@@ -100,8 +135,9 @@ def drain_deadline(plan: Plan) -> float:
 
 
 class Soak:
-    def __init__(self, plan: Plan, seed: int):
+    def __init__(self, plan: Plan, seed: int, *, gateway: str = "fake"):
         self.plan = plan
+        self.stripe = gateway == "stripe"
         self.rng = random.Random(seed)
         self.logdir = Path(tempfile.mkdtemp(prefix="paycron-soak-"))
         self.pg = PrivatePostgres()
@@ -121,13 +157,21 @@ class Soak:
             migrate(conn)
             ensure_partitions(conn, self.config)
             self.key, _ = create_api_key(conn, "soak")
+        gateway_url = f"http://127.0.0.1:{self.gateway_port}"
         env = {**ENGINE, **UNLIMITED_API, "DATABASE_URL": self.pg.url, "REDIS_URL": self.redis.url,
-               "GATEWAY_URL": f"http://127.0.0.1:{self.gateway_port}"}
+               "GATEWAY_URL": gateway_url}
+        args = [*gateway_args(self.gateway_port), "--seed", "11"]
+        if self.stripe:
+            env.update(STRIPE_ENGINE, STRIPE_API_BASE=f"{gateway_url}/stripe")
+            args += stripe_args(settle_seconds=STRIPE_SETTLE_SECONDS, webhook_urls=(
+                f"http://127.0.0.1:{self.web_port}/v1/gateway-events/stripe",))
         self.procs = ProcessGroup(self.logdir, env)
-        gateway = self.procs.start("gateway", [*gateway_args(self.gateway_port), "--seed", "11"])
-        wait_http(f"http://127.0.0.1:{self.gateway_port}/healthz", gateway)
-        self.gateway = GatewayHandle(f"http://127.0.0.1:{self.gateway_port}", timeout=30)
-        self.gateway.faults(**FAULTS)
+        gateway = self.procs.start("gateway", args)
+        wait_http(f"{gateway_url}/healthz", gateway)
+        self.gateway = GatewayHandle(gateway_url, timeout=30)
+        self.gateway.faults(**(STRIPE_FAULTS if self.stripe else FAULTS))
+        if self.stripe:
+            self.gateway.stripe(**STRIPE_EVENTS)
         web = self.procs.start("web", web_args(self.web_port, workers=2, threads=4))
         self.schedulers = [self.procs.start(f"scheduler-{n}", scheduler_args()) for n in range(2)]
         self.workers = [self.procs.start(f"worker-{n}", worker_args(1, 8))
@@ -156,6 +200,9 @@ class Soak:
                 amount = ALWAYS_503_AMOUNT
             due = self.first_due + timedelta(seconds=self.plan.window * n / self.plan.payments)
             body = {"payee": f"merchant-{n % 13}", "amount": amount, "dueAt": due.isoformat()}
+            if self.stripe:  # the magic amounts are the card surface's; Stripe's are methods
+                body.update(amount=self.rng.randint(100, 90_000), customer=f"cus_soak_{n % 40}",
+                            paymentMethod=stripe_method(n))
             for _ in range(5):  # an idempotent retry lands once
                 try:
                     response = self.api.post("/v1/scheduled-payments", json=body,
@@ -262,7 +309,11 @@ class Soak:
         return self.first_due + timedelta(seconds=self.plan.window + 60)
 
     def reconcile(self) -> int:
-        days = sorted({c["created_at"][:10] for c in self.gateway.ledger()})
+        if self.stripe:
+            days = sorted({datetime.fromtimestamp(c["created"], UTC).date().isoformat()
+                           for c in self.gateway.stripe_ledger()["charges"]})
+        else:
+            days = sorted({c["created_at"][:10] for c in self.gateway.ledger()})
         code = 0
         for day in days:
             result = subprocess.run([sys.executable, "-m", "paycron.cli", "reconcile",
@@ -273,10 +324,21 @@ class Soak:
             code = max(code, result.returncode)
         return code
 
-    def check(self, drained: bool) -> list[tuple[str, int, bool]]:
+    def _charges(self) -> tuple[list[dict], dict[str, int]]:
+        """The processor's charges (reference, amount, status) and the
+        charges per payment id: the oracle."""
+        if self.stripe:
+            intents = self.gateway.stripe_ledger()["payment_intents"]
+            ledger = [{"reference": i["paycron_payment_id"], "amount": i["amount"],
+                       "status": i["status"]} for i in intents]
+            return ledger, self.gateway.succeeded_per_payment_id()
         ledger = self.gateway.ledger()
-        stats = self.gateway.stats()
         per_key = charges_per_key(ledger)
+        return ledger, per_key
+
+    def check(self, drained: bool) -> list[tuple[str, int, bool]]:
+        ledger, per_key = self._charges()
+        stats = self.gateway.stats()
         succeeded = [c for c in ledger if c["status"] == "succeeded"]
         with connect(self.config) as conn:
             rows = {str(r["id"]): r for r in conn.execute(
@@ -299,7 +361,8 @@ class Soak:
         return [
             ("payments created", len(rows), len(rows) == self.plan.payments),
             ("every payment terminal by the deadline", db["open"], drained and db["open"] == 0),
-            ("max charges per idempotency key (<= 1)", max(per_key.values(), default=0),
+            ("max charges per payment id" if self.stripe else
+             "max charges per idempotency key (<= 1)", max(per_key.values(), default=0),
              max(per_key.values(), default=0) <= 1),
             ("charges for a payment not COMPLETED", len(charged_not_completed),
              not charged_not_completed),
@@ -328,12 +391,15 @@ def main() -> None:
     parser.add_argument("--short", action="store_true", help="the CI form")
     parser.add_argument("--payments", type=int)
     parser.add_argument("--seed", type=int, default=20261130)
+    parser.add_argument("--gateway", choices=("fake", "stripe"), default="fake",
+                        help="charge through the fake's card API, or through the Stripe SDK "
+                             "against the fake's Stripe surface (bank debits, signed events)")
     args = parser.parse_args()
     plan = SHORT if args.short else FULL
     if args.payments:
         plan.payments = args.payments
-    soak = Soak(plan, args.seed)
-    print(f"soak plan: {plan}")
+    soak = Soak(plan, args.seed, gateway=args.gateway)
+    print(f"soak plan: {plan} gateway={args.gateway}")
     print(f"logs: {soak.logdir}")
     started = time.monotonic()
     try:

@@ -4,7 +4,7 @@
 -- name: soak_open
 -- Payments not yet terminal.
 SELECT count(*) AS n FROM payments
-WHERE status IN ('PENDING', 'PROCESSING') AND due_at < %(until)s;
+WHERE status IN ('PENDING', 'PROCESSING', 'AWAITING_GATEWAY') AND due_at < %(until)s;
 
 -- name: soak_payments
 -- Every payment of the soak with its final state.
@@ -16,16 +16,20 @@ WITH p AS (
     SELECT id, status, failure_reason FROM payments WHERE due_at < %(until)s
 )
 SELECT
-    (SELECT count(*) FROM p WHERE status IN ('PENDING', 'PROCESSING')) AS open,
+    (SELECT count(*) FROM p WHERE status IN ('PENDING', 'PROCESSING', 'AWAITING_GATEWAY'))
+        AS open,
     (SELECT count(*) FROM p
-     WHERE status = 'FAILED' AND failure_reason IN ('RETRIES_EXHAUSTED', 'LEASE_EXPIRED_REPEATEDLY')
+     WHERE status = 'FAILED'
+       AND failure_reason IN ('RETRIES_EXHAUSTED', 'LEASE_EXPIRED_REPEATEDLY', 'LOOKUP_MISMATCH',
+                              'GATEWAY_REJECTED')
        AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.payment_id = p.id))
         AS parked_without_letter,
     (SELECT count(*) FROM p WHERE status = 'FAILED' AND failure_reason IS NULL)
         AS failed_without_reason,
     (SELECT count(*) FROM attempts
      WHERE outcome IN ('SUCCEEDED', 'DECLINED', 'RETRYABLE_ERROR', 'AMBIGUOUS', 'RATE_LIMITED',
-                       'FOUND_BY_LOOKUP')) AS call_rows,
+                       'FOUND_BY_LOOKUP', 'KEY_IN_USE', 'REJECTED', 'AUTH_FAILED', 'SUBMITTED'))
+        AS call_rows,
     (SELECT count(*) FROM attempts WHERE outcome = 'LEASE_EXPIRED') AS lease_expired_rows,
     (SELECT count(*) FROM attempts WHERE outcome = 'IN_FLIGHT') AS in_flight,
     (SELECT count(*) FROM p

@@ -29,9 +29,10 @@ KEY_IN_USE_MAX_DELAY = 60.0
 KEY_IN_USE_LOOKUP_AFTER = 10
 #: An old doubt whose lookup is not yet conclusive is asked about again after at least this.
 LOOKUP_RECHECK_DELAY = 300.0
-#: A payment AWAITING_GATEWAY is polled after these waits without its event
-#: (the first is GATEWAY_POLL_SECONDS), then every last one (SPEC §12).
-POLL_INTERVALS = (1800.0, 7200.0, 43200.0)
+#: A payment AWAITING_GATEWAY without its event is polled after
+#: GATEWAY_POLL_SECONDS, then after these multiples of it, then every last
+#: one: with the default 5 min, SPEC §12's 5 min, 30 min, 2 h, every 12 h.
+POLL_BACKOFF = (6, 24, 144)
 #: Still processing after this long pages (SEPA can take 14 business days).
 AWAITING_PAGE_AFTER = 21 * 86400.0
 
@@ -40,7 +41,12 @@ def next_poll_delay(polls: int, config: Config) -> float:
     """Seconds until the next retrieve of a waiting payment polled ``polls`` times."""
     if polls <= 0:
         return config.gateway_poll_seconds
-    return POLL_INTERVALS[min(polls, len(POLL_INTERVALS)) - 1]
+    return config.gateway_poll_seconds * POLL_BACKOFF[min(polls, len(POLL_BACKOFF)) - 1]
+
+
+def poll_intervals(config: Config) -> list[float]:
+    """The waits after the 1st, 2nd, ... poll (the last repeats)."""
+    return [next_poll_delay(n, config) for n in range(1, len(POLL_BACKOFF) + 1)]
 
 
 class Settlement(StrEnum):

@@ -133,7 +133,7 @@ class GatewayEventService(PeriodicService):
         now = datetime.now(UTC)
         with self.pool.connection() as conn:
             due = conn.execute(q("claim_due_polls"), {
-                "now": now, "limit": self.batch, "intervals": list(policy.POLL_INTERVALS),
+                "now": now, "limit": self.batch, "intervals": policy.poll_intervals(self.config),
             }).fetchall()
         for row in due:
             counts.polled += 1
