@@ -351,6 +351,17 @@ class Soak:
             name = r["status"] + (f" {r['failure_reason']}" if r["failure_reason"] else "")
             outcomes[name] = outcomes.get(name, 0) + 1
         print("final states: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+        if self.stripe:
+            with connect(self.config) as conn:
+                waits = conn.execute(CHECKS["soak_settlements"]).fetchone()
+            fates: dict[str, int] = {}
+            for event in self.gateway.stripe_events():
+                for delivery in event["deliveries"]:
+                    fates[delivery["status"]] = fates.get(delivery["status"], 0) + 1
+            print(f"bank debits: {waits['waited']} waited for Stripe; settled by a signed event "
+                  f"{waits['by_event']}, by the poller {waits['by_poll']}; events stored "
+                  f"{waits['events_stored']} (pending {waits['events_pending']}); deliveries "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(fates.items())))
         print(f"gateway: {stats['charge_requests']} charge requests, {len(succeeded)} charges, "
               f"{stats.get('rate_limited', 0)} 429s, {stats.get('dropped', 0)} dropped after "
               f"charging, {stats.get('timeouts', 0)} timeouts, {stats.get('errors', 0)} 5xx")

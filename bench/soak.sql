@@ -36,3 +36,13 @@ SELECT
      WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
        AND NOT EXISTS (SELECT 1 FROM payment_events e
                        WHERE e.payment_id = p.id AND e.status = p.status)) AS missing_events;
+
+-- name: soak_settlements
+-- Payments that waited for the processor (a SUBMITTED attempt), and how each
+-- wait ended: by a signed event, by the poller, or not yet.
+SELECT
+    (SELECT count(DISTINCT payment_id) FROM attempts WHERE outcome = 'SUBMITTED') AS waited,
+    (SELECT count(*) FROM attempts WHERE worker = 'gateway-event') AS by_event,
+    (SELECT count(*) FROM attempts WHERE worker = 'gateway-poll') AS by_poll,
+    (SELECT count(*) FROM gateway_events) AS events_stored,
+    (SELECT count(*) FROM gateway_events WHERE applied_at IS NULL) AS events_pending;
