@@ -39,6 +39,7 @@ from devtools.fake_gateway import (
     GatewayHandle,
     charges_per_key,
     stripe_args,
+    stripe_test_method,
 )
 from devtools.procs import (
     ProcessGroup,
@@ -82,23 +83,6 @@ STRIPE_EVENTS = {"webhook_loss_rate": 0.25, "webhook_duplicate_rate": 0.25,
                  "enabled_events": ["payment_intent.succeeded",
                                     "payment_intent.payment_failed"]}
 STRIPE_SETTLE_SECONDS = 2.0
-
-
-def stripe_method(n: int) -> str:
-    """The soak's mix of Stripe's test payment methods: mostly cards that
-    succeed, bank debits that settle later (1 in 10 succeeds, 1 in 50 fails),
-    declines, a decline Stripe advises retrying, one needing its customer."""
-    if n % 40 == 3:
-        return "pm_card_chargeDeclined"
-    if n % 50 == 2:
-        return "pm_bank_processing_fails"
-    if n % 10 == 1:
-        return "pm_bank_processing_succeeds"
-    if n % 31 == 7:
-        return "pm_card_chargeDeclinedProcessingError"
-    if n % 97 == 5:
-        return "pm_card_authenticationRequired"
-    return "pm_card_visa"
 
 
 @dataclass
@@ -202,7 +186,7 @@ class Soak:
             body = {"payee": f"merchant-{n % 13}", "amount": amount, "dueAt": due.isoformat()}
             if self.stripe:  # the magic amounts are the card surface's; Stripe's are methods
                 body.update(amount=self.rng.randint(100, 90_000), customer=f"cus_soak_{n % 40}",
-                            paymentMethod=stripe_method(n))
+                            paymentMethod=stripe_test_method(n))
             for _ in range(5):  # an idempotent retry lands once
                 try:
                     response = self.api.post("/v1/scheduled-payments", json=body,

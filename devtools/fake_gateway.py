@@ -61,6 +61,23 @@ def stripe_args(
     return args
 
 
+def stripe_test_method(n: int) -> str:
+    """The soak's mix of Stripe's test payment methods: mostly cards that
+    succeed, bank debits that settle later (1 in 10 succeeds, 1 in 50 fails),
+    declines, a decline Stripe advises retrying, one needing its customer."""
+    if n % 40 == 3:
+        return "pm_card_chargeDeclined"
+    if n % 50 == 2:
+        return "pm_bank_processing_fails"
+    if n % 10 == 1:
+        return "pm_bank_processing_succeeds"
+    if n % 31 == 7:
+        return "pm_card_chargeDeclinedProcessingError"
+    if n % 97 == 5:
+        return "pm_card_authenticationRequired"
+    return "pm_card_visa"
+
+
 class GatewayHandle:
     """The fake gateway's controls: faults, counters, the ledger, reset; and
     the Stripe surface's settings, settlements, events and ledger."""

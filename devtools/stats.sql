@@ -12,7 +12,7 @@ SELECT
     count(*) FILTER (WHERE status = 'FAILED' AND failure_reason = 'DECLINED') AS declined,
     count(*) FILTER (WHERE status = 'FAILED' AND failure_reason <> 'DECLINED') AS parked,
     count(*) FILTER (WHERE status = 'CANCELLED') AS cancelled,
-    count(*) FILTER (WHERE status IN ('PENDING', 'PROCESSING')) AS open,
+    count(*) FILTER (WHERE status IN ('PENDING', 'PROCESSING', 'AWAITING_GATEWAY')) AS open,
     count(*) FILTER (WHERE attempt > 1) AS retried,
     count(*) FILTER (WHERE lease_expiries > 0) AS lease_expired,
     coalesce(sum(amount_minor) FILTER (WHERE status = 'COMPLETED'), 0) AS completed_minor
@@ -21,7 +21,7 @@ FROM payments;
 -- name: open_payments
 -- Payments not yet terminal among those due before %(until)s.
 SELECT count(*) AS n FROM payments
-WHERE status IN ('PENDING', 'PROCESSING') AND due_at < %(until)s;
+WHERE status IN ('PENDING', 'PROCESSING', 'AWAITING_GATEWAY') AND due_at < %(until)s;
 
 -- name: settled_counts
 -- Completed payments and payments whose lease ever expired, among those due
