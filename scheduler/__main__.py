@@ -69,6 +69,8 @@ def build(config: Config) -> Scheduler:
     pool = make_pool(config, max_size=4, name="scheduler")
     # Webhooks have their own pool: a slow endpoint never holds a sweep's connection.
     relay_pool = make_pool(config, max_size=relay_config.pool_size, name="relay")
+    # And the processor's events theirs: a burst of them never delays a sweep.
+    events_pool = make_pool(config, max_size=4, name="gateway-events")
 
     def enqueue(claims, probe):
         broker.enqueue(execute_message(claims, probe=probe, queue_name=config.queue_name))
@@ -82,10 +84,10 @@ def build(config: Config) -> Scheduler:
         WebhookRelay(pool=relay_pool, config=relay_config),
         # Retrieves take tokens from the workers' call window: polling never
         # pushes charges past the processor's rate limit.
-        GatewayEventService(config=config, pool=pool, gateway=build_gateway(
+        GatewayEventService(config=config, pool=events_pool, gateway=build_gateway(
             config, max_connections=4, call_limiter=CallLimiter(client, config))),
     ]
-    return Scheduler(services=services, pools=[pool, relay_pool], broker=broker)
+    return Scheduler(services=services, pools=[pool, relay_pool, events_pool], broker=broker)
 
 
 def main() -> None:
