@@ -143,13 +143,13 @@ def test_a_bad_signature_stores_nothing(web, conn, headers):
     assert count(conn, "gateway_events") == 0
 
 
-def test_without_a_signing_secret_the_endpoint_asks_stripe_to_come_back(config):
+def test_without_a_signing_secret_the_endpoint_is_off(config):
     from web import create_app
 
     app = create_app(config)
     try:
         answer = app.test_client().post("/v1/gateway-events/stripe", data=b"{}")
-        assert answer.status_code == 503
+        assert answer.status_code == 404  # Stripe retries it for days
     finally:
         app.extensions["paycron.pool"].close()
 

@@ -6,8 +6,9 @@ secrets (a list, so one can be rotated), with its timestamp tolerance. A
 verified event is stored once (idempotent on its id) and answered 200 at
 once: no call to Stripe in a web thread — the scheduler's gateway-event
 service retrieves the intent before anything changes. Without a secret
-configured the endpoint answers 503, so Stripe keeps retrying (for days)
-until an operator sets one: no event is lost to a missing setting.
+configured the endpoint is off (404); Stripe retries a delivery that was not
+answered 2xx for days, so an event sent before an operator sets the secret
+is not lost.
 """
 
 from __future__ import annotations
@@ -50,13 +51,14 @@ def _verified(payload: bytes, signature: str, secrets: tuple[str, ...]) -> strip
 @bp.response(200, ReceivedSchema, description="Verified and stored (or already stored).")
 @bp.alt_response(400, **problem("No, a wrong or a stale signature (INVALID_SIGNATURE): "
                                 "nothing is stored."))
-@bp.alt_response(503, **problem("No signing secret is configured (UNAVAILABLE): Stripe "
-                                "retries later."))
+@bp.alt_response(404, **problem("No signing secret is configured (NOT_FOUND): the "
+                                "endpoint is off; Stripe retries later."))
 def receive_stripe_event():
     """Receive one of Stripe's signed events (configure this URL at Stripe)."""
     secrets = current_app.extensions["paycron.config"].stripe_webhook_secret
     if not secrets:
-        raise Problem(503, "UNAVAILABLE", "STRIPE_WEBHOOK_SECRET is not set")
+        raise Problem(404, "NOT_FOUND", "inbound Stripe events are off: "
+                                        "STRIPE_WEBHOOK_SECRET is not set")
     signature = request.headers.get("Stripe-Signature", "")
     event = _verified(request.get_data(cache=False), signature, secrets)
     with current_app.extensions["paycron.pool"].connection() as conn:
