@@ -339,6 +339,15 @@ def test_parked_in_doubt_is_listed_with_its_age(signed_in, conn):
     assert "2h" in section
 
 
+def test_payments_awaiting_the_gateway_are_listed_with_their_age(signed_in, conn):
+    since = datetime.now(UTC) - timedelta(hours=3)
+    row = insert_payment(conn, status="AWAITING_GATEWAY", gateway_intent_id="pi_waits",
+                         awaiting_since=since, next_poll_at=since + timedelta(hours=4))
+    html = signed_in.get("/console/dead-letters").get_data(as_text=True)
+    section = html.split('id="awaiting-title"')[1]
+    assert str(row["id"]) in section and "pi_waits" in section and "3h" in section
+
+
 def test_reconciliation_runs_and_their_items(signed_in, conn):
     run = conn.execute("INSERT INTO reconciliation_runs (day, source, finished_at, mismatches) "
                        "VALUES ('2026-11-30', 'file', now(), 1) RETURNING id").fetchone()["id"]

@@ -88,7 +88,8 @@ LIMIT %(limit)s;
 -- name: awaiting_gateway
 -- Payments the processor accepted and will tell about, oldest due first,
 -- across every day up to %(now)s (payments_attention_idx).
-SELECT id, due_at, payer, amount_minor, currency, status, in_doubt_since, updated_at
+SELECT id, due_at, payer, amount_minor, currency, status, in_doubt_since, updated_at,
+       awaiting_since, gateway_intent_id, next_poll_at
 FROM payments
 WHERE status = 'AWAITING_GATEWAY' AND due_at <= %(now)s
 ORDER BY due_at, id
