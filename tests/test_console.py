@@ -245,7 +245,8 @@ def test_the_overview_has_the_numbers_and_two_pictures(signed_in, conn):
     park(conn)
     html = signed_in.get("/console/").get_data(as_text=True)
     for label in ("Backlog", "Oldest due pending", "Lateness p50", "Lateness p99",
-                  "Open dead letters", "Circuit", "Partitions ahead"):
+                  "Open dead letters", "Circuit", "Partitions ahead", "Awaiting the gateway",
+                  "Other processor"):
         assert label in html
     assert html.count("<svg") == 2 and "<polyline" in html and "<rect class=\"bar\"" in html
     assert "closed" in html and UTC_TIME.search(html)

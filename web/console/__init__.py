@@ -66,7 +66,8 @@ def install(app: Flask, *, breaker: CircuitBreaker) -> None:
 
     def read():
         with pool.connection() as conn:
-            return reads.read_overview(conn, now=clock(), circuit=lambda: breaker.state().value)
+            return reads.read_overview(conn, now=clock(), circuit=lambda: breaker.state().value,
+                                       processor=config.gateway)
 
     app.extensions["paycron.console.overview"] = reads.Cached(
         read, ttl=config.console_cache_seconds)

@@ -67,7 +67,8 @@ def _per_minute(rows, minutes: int) -> list[int]:
     return counts
 
 
-def read_overview(conn: Connection, *, now: datetime, circuit: Callable[[], str]) -> Overview:
+def read_overview(conn: Connection, *, now: datetime, circuit: Callable[[], str],
+                  processor: str = "fake") -> Overview:
     """The health numbers of ``paycron stats``, the circuit's state and the
     pictures' series over the last hour."""
     since, minutes = now - WINDOW, int(WINDOW.total_seconds() // 60)
@@ -82,7 +83,7 @@ def read_overview(conn: Connection, *, now: datetime, circuit: Callable[[], str]
         state = circuit()
     except Exception:  # Redis down: the page still shows what Postgres says
         state = "unknown"
-    return Overview(read_at=now, health=stats.health(conn, window=WINDOW),
+    return Overview(read_at=now, health=stats.health(conn, window=WINDOW, processor=processor),
                     partitions_ahead=partitions.days_ahead(conn, now.date()), circuit=state,
                     lateness_buckets=buckets, claims=_per_minute(claims, minutes),
                     due=_per_minute(due, minutes))
