@@ -55,7 +55,11 @@ class PrivatePostgres:
                                          "--auth=trust", "-E", "UTF8",
                                          *(["--data-checksums"] if checksums else [])]),
                            check=True, capture_output=True)
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.url = self.dsn("postgres")
+
+    def dsn(self, dbname: str) -> str:
+        """This server alone, database ``dbname``."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
     def start(self) -> None:
         options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -c max_connections=300 "

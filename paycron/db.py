@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import logging
 import os
 import threading
 import time
@@ -32,6 +33,8 @@ from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
 from paycron.errors import ConfigError, OutcomeUnknown
+
+log = logging.getLogger("paycron.db")
 
 #: Every session talks UTC, so timestamptz values come back as aware UTC.
 #: Custom plans always: a generic plan of a prepared statement prunes
@@ -148,8 +151,10 @@ def bounded_write(conn: Connection, seconds: float | None) -> Iterator[None]:
         yield
     except psycopg.Error as exc:
         if conn.broken:
-            raise OutcomeUnknown("the connection was lost before the database answered: the "
-                                 "write may or may not have happened") from exc
+            log.warning("connection lost mid-write: %s", type(exc).__name__)
+            raise OutcomeUnknown("the database connection was lost before it answered: this "
+                                 "may or may not have taken effect; retry with the same "
+                                 "Idempotency-Key") from exc
         raise
     finally:
         cancelled = watch.stop() if watch else False
@@ -157,8 +162,10 @@ def bounded_write(conn: Connection, seconds: float | None) -> Iterator[None]:
         if cancelled:
             conn.close()
     if warnings:
-        raise OutcomeUnknown("the write committed on the primary but its wait for the "
-                             f"standby was cut ({warnings[0]})")
+        log.warning("a write's commit is on the primary alone: %s", warnings[0])
+        raise OutcomeUnknown("the database could not confirm this in time (its standby did "
+                             "not answer): it may or may not have taken effect; retry with "
+                             "the same Idempotency-Key")
 
 
 class _Watch:
