@@ -252,7 +252,10 @@ def test_pools_and_readyz_follow_a_failover_without_a_restart(config, fresh_pair
     pair = fresh_pair
     app = _app(config, pair.url)
     engine_pool = make_pool(Config(database_url=pair.url, db_pool_max=2), name="worker")
+    # Idle through the outage with all its connections open: they die together.
+    idle_pool = make_pool(Config(database_url=pair.url, db_pool_max=8), min_size=8, name="idle")
     try:
+        idle_pool.wait(timeout=10)
         client = app.test_client()
         alice = _key(pair.url, "alice")
         assert client.get("/readyz").status_code == 200
@@ -270,14 +273,19 @@ def test_pools_and_readyz_follow_a_failover_without_a_restart(config, fresh_pair
 
         pair.promote()
         promoted_at = time.monotonic()
+        with idle_pool.connection() as conn:  # its 8 dead ones discarded at the first check
+            conn.execute("SELECT 1")
+        idle_back = time.monotonic() - promoted_at
         _poll(engine_pool, promoted_at + 10)
         engine_back = time.monotonic() - promoted_at
         while client.get("/readyz").status_code != 200:
             assert time.monotonic() - promoted_at < 10, "the web never reached the new primary"
             time.sleep(0.1)
         web_back = time.monotonic() - promoted_at
-        # Bounded reconnection: within ~2 s of the promotion, not psycopg_pool's ~7 s.
-        assert engine_back < 4 and web_back < 4, (engine_back, web_back)
+        # Within ~2 s of the promotion: not psycopg_pool's next backoff (~7 s
+        # later), nor one dead connection per pause of 1, 2, 4 s.
+        assert idle_back < 3 and engine_back < 4 and web_back < 4, (
+            idle_back, engine_back, web_back)
         with engine_pool.connection() as conn:
             assert conn.info.port == pair.primary.port != old_port
         got = client.get(f"/v1/scheduled-payments/{created.get_json()['id']}", headers=alice)
@@ -287,5 +295,6 @@ def test_pools_and_readyz_follow_a_failover_without_a_restart(config, fresh_pair
         assert after.status_code == 201, after.get_data(as_text=True)
         assert not pair.killed[0].is_primary()  # it stays down
     finally:
+        idle_pool.close()
         engine_pool.close()
         app.extensions["paycron.pool"].close()
