@@ -7,14 +7,19 @@ processes against ``DATABASE_URL`` naming both hosts with
 payments falls due while clients create more through the API, retrying each
 failed create with its Idempotency-Key. Then the fault:
 
-    python -m bench.failover --short          # CI: synchronous standby; SIGKILL the primary
-                                              #     during the spike, promote the standby,
-                                              #     keep the killed primary down
+    python -m bench.failover --short          # CI: synchronous standby; the primary SIGKILLed
+                                              #     during the spike, the standby promoted,
+                                              #     the killed primary kept down
     python -m bench.failover                  # the same, bigger; the killed primary is
                                               #     rewound (pg_rewind) into the new standby
     python -m bench.failover --async          # asynchronous replication: what it loses
     python -m bench.failover --standby-loss   # the standby dies while the primary lives,
                                               #     and comes back
+
+Before the kill the standby is made to trail by ``--lag`` seconds (default
+1; its WAL sender is stopped, as a slow link or a busy standby would): a
+synchronous primary's commits wait meanwhile, an asynchronous one's do not.
+``--lag 0`` kills a primary whose standby is up to date.
 
 It prints and checks: every create answered 201 exists afterwards (with
 --async it prints what was lost instead), at most one charge per key, every
@@ -72,6 +77,7 @@ class Plan:
     load_after: float  # seconds of API load after the fault
     standby_down: float  # --standby-loss: how long the standby stays dead
     rejoin: bool  # rewind the killed primary into the new standby
+    lag: float = 1.0  # seconds the standby trails when the primary dies (its WAL sender stalled)
 
 
 SHORT = Plan(spike=1200, rate=20, fault_after=4, promote_after=2, load_after=20,
@@ -266,6 +272,12 @@ class Failover:
               f" beside the spike, until {self.marks['load_end']:%H:%M:%S}")
 
     def _fail_over(self) -> None:
+        if self.plan.lag > 0:
+            self.marks["stall"] = datetime.now(UTC)
+            self.pair.stall_sender()
+            print(f"  {_hms(self.marks['stall'])} WAL sender stalled: the standby trails by "
+                  f"{self.plan.lag:.1f} s when the primary dies")
+            time.sleep(self.plan.lag)
         self.marks["kill"] = datetime.now(UTC)
         self.pair.kill_primary()
         # Anything stamped after this came from the new primary.
@@ -344,6 +356,8 @@ class Failover:
                 "before": self.marks["kill"],
                 "after": self.marks.get("back", self.marks["dead"])}).fetchone()
             counts = conn.execute(QUERIES["failover_counts"]).fetchone()
+            completed_at = {str(r["payment_id"]): r["at"]
+                            for r in conn.execute(QUERIES["failover_completed_at"])}
         creates = self.clients.creates
         answered = [c for c in creates if c.payment_id]
         never = [c for c in creates if not c.payment_id]
@@ -360,6 +374,12 @@ class Failover:
         print("final states: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
         print(f"gateway: {len(succeeded)} charges; attempt rows {counts['attempts']}, "
               f"{counts['lease_expired_rows']} marked LEASE_EXPIRED (claims cut off by the fault)")
+        dead = self.marks["dead"]
+        reasked = [c for c in succeeded if datetime.fromisoformat(c["created_at"]) < dead
+                   and completed_at.get(c["reference"], dead) > dead]
+        print(f"charges made before the fault and recorded after it (the next attempt asked "
+              f"the gateway again with the same key, which answered with that charge): "
+              f"{len(reasked)}")
         pauses = self._pauses(around)
         self._report_requests()
         results: list[tuple[str, object, bool]] = [
@@ -419,7 +439,11 @@ class Failover:
             extra = ""
             if "promote" in self.marks:
                 extra = f" ({(moment - self.marks['promote']).total_seconds():.1f} s from the " \
-                        "promotion)"
+                        "promotion"
+                if "stall" in self.marks:
+                    extra += f", {(moment - self.marks['stall']).total_seconds():.1f} s from " \
+                             "the standby's stall"
+                extra += ")"
             if "back" in self.marks:
                 extra = f" ({(moment - kill).total_seconds():.1f} s from the standby's loss)"
             print(f"{what} went on {paused:.1f} s {name}{extra}")
@@ -470,6 +494,9 @@ def main() -> None:
     parser.add_argument("--spike", type=int)
     parser.add_argument("--promote-after", type=float,
                         help="seconds from the kill to the promotion")
+    parser.add_argument("--lag", type=float, help=(
+        "stall the primary's WAL sender this many seconds before the kill, so the standby "
+        "trails by that much (default 1; 0: a clean kill)"))
     parser.add_argument("--seed", type=int, default=20261201)
     args = parser.parse_args()
     plan = dataclasses.replace(SHORT if args.short else FULL)
@@ -477,6 +504,8 @@ def main() -> None:
         plan.spike = args.spike
     if args.promote_after is not None:
         plan.promote_after = args.promote_after
+    if args.lag is not None:
+        plan.lag = args.lag
     kind = "async" if args.asynchronous else "standby-loss" if args.standby_loss else "sync"
     run = Failover(plan, kind, args.seed)
     print(f"failover plan ({kind}): {plan}")

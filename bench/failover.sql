@@ -27,3 +27,8 @@ SELECT
     (SELECT count(*) FROM attempts WHERE outcome = 'LEASE_EXPIRED') AS lease_expired_rows,
     (SELECT count(*) FROM attempts WHERE outcome = 'IN_FLIGHT') AS in_flight,
     (SELECT count(*) FROM attempts) AS attempts;
+
+-- name: failover_completed_at
+-- When each payment was recorded COMPLETED.
+SELECT payment_id, min(created_at) AS at FROM payment_events
+WHERE type = 'payment.completed' GROUP BY payment_id;

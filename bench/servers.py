@@ -254,6 +254,19 @@ class ReplicatedPostgres:
         self.primary.kill()
         self.killed.append(self.primary)
 
+    def stall_sender(self) -> int:
+        """SIGSTOP the primary's WAL sender: from now on nothing it writes
+        reaches the standby, as with a slow link or a busy standby (a
+        synchronous primary's commits wait; an asynchronous one's do not).
+        The sender dies with the primary (:meth:`kill_primary`)."""
+        with psycopg.connect(self.primary.url, autocommit=True) as conn:
+            row = conn.execute("SELECT pid FROM pg_stat_replication WHERE application_name = %s",
+                               (self.STANDBY_NAME,)).fetchone()
+        if row is None:
+            raise RuntimeError("no WAL sender to stall")
+        os.kill(row[0], signal.SIGSTOP)
+        return row[0]
+
     def promote(self) -> float:
         """Promote the standby (``pg_ctl promote``); it becomes the primary, with
         no synchronous standby until one joins. Seconds the promotion took."""
