@@ -202,8 +202,12 @@ class ReplicatedPostgres:
         if os.geteuid() == 0:
             shutil.chown(standby_dir, "postgres", "postgres")
         data = standby_dir / "data"
-        _run([_pg_bin("pg_basebackup"), "-D", str(data), "-h", "127.0.0.1", "-p",
-              str(source.port), "-U", "postgres", "-X", "stream", "--checkpoint=fast"])
+        try:
+            _run([_pg_bin("pg_basebackup"), "-D", str(data), "-h", "127.0.0.1", "-p",
+                  str(source.port), "-U", "postgres", "-X", "stream", "--checkpoint=fast"])
+        except BaseException:
+            shutil.rmtree(standby_dir, ignore_errors=True)
+            raise
         standby = PrivatePostgres(data=data)
         self._follow(standby, source)
         return standby
@@ -281,7 +285,7 @@ class ReplicatedPostgres:
     def rejoin_killed(self) -> None:
         """Rewind the killed primary onto the new primary's timeline
         (``pg_rewind``) and start it as the new synchronous standby."""
-        old = self.killed.pop()
+        old = self.killed[-1]  # still listed (and destroyed) if this fails
         # A promoted server records its new timeline in its control file only
         # at its next checkpoint; until then pg_rewind sees one timeline and
         # decides there is nothing to rewind.
@@ -292,7 +296,7 @@ class ReplicatedPostgres:
               " dbname=postgres"])
         self._follow(old, self.primary)
         old.start()
-        self.standby = old
+        self.standby = self.killed.pop()
         self.primary.alter_system(
             synchronous_standby_names=self.STANDBY_NAME if self.synchronous else "")
         self.wait_streaming()
