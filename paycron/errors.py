@@ -80,6 +80,15 @@ class LimitReached(PaycronError):
     code = "LIMIT_REACHED"
 
 
+class OutcomeUnknown(PaycronError):
+    """A write that may or may not have taken effect: its commit's wait for
+    the synchronous standby was cut (committed on the primary alone), or its
+    connection was lost before the answer. Retrying with the same
+    Idempotency-Key returns what exists or creates it once (SPEC §15)."""
+
+    code = "OUTCOME_UNKNOWN"
+
+
 class GatewayError(PaycronError):
     """The gateway could not be asked at all (used by the ops tools)."""
 

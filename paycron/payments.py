@@ -207,3 +207,15 @@ def list_payments(conn: Connection, *, actor: str, status: str | None, limit: in
         last = keys[-1] if keys else None
     next_key = (last["created_at"], last["payment_id"]) if more else None
     return [row for _, row in matched], next_key
+
+
+def confirm_replicated(conn: Connection, *, actor: str, key: str) -> None:
+    """Make sure the payment a replay returns is on the synchronous standby.
+
+    A first create whose wait for the standby was cut committed on the
+    primary alone, and its row is visible there; its retry finds it. This
+    rewrites the key's row, so the retry's own commit waits for the standby
+    (which then holds everything the primary committed before it): under
+    :func:`paycron.db.bounded_write`, a retry answers the payment only once
+    it would survive a failover, else OUTCOME_UNKNOWN again."""
+    conn.execute(q("touch_idempotency_key"), {"actor": actor, "key": key})

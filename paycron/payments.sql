@@ -69,3 +69,10 @@ LIMIT %(limit)s;
 SELECT * FROM payments
 WHERE id = ANY(%(ids)s::uuid[]) AND due_at = ANY(%(due_ats)s::timestamptz[])
   AND payer = %(actor)s AND (%(status)s::text IS NULL OR status = %(status)s);
+
+-- name: touch_idempotency_key
+-- A replay's write: rewrites the key's row unchanged, so this session's commit
+-- waits for the synchronous standby (a commit that wrote nothing does not),
+-- and the replay answers only once the payment it returns is on the standby.
+UPDATE idempotency_keys SET request_hash = request_hash
+WHERE actor = %(actor)s AND key = %(key)s;

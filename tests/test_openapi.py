@@ -116,7 +116,7 @@ def test_create_documents_its_key_money_time_and_answer(client, config):
     (key,) = [p for p in create["parameters"] if p["in"] == "header"]
     assert (key["name"], key["required"]) == ("Idempotency-Key", True)
     assert (key["schema"]["minLength"], key["schema"]["maxLength"]) == (1, 255)
-    assert set(create["responses"]) == {"201", "400", "401", "409", "413", "415", "429"}
+    assert set(create["responses"]) == {"201", "400", "401", "409", "413", "415", "429", "503"}
     headers = create["responses"]["201"]["headers"]
     assert headers["Location"]["required"] is True
     assert headers["Idempotent-Replayed"]["schema"]["enum"] == ["true"]

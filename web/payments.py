@@ -24,6 +24,7 @@ from marshmallow import (
 
 from paycron import payments, stripe_amounts, transitions
 from paycron.config import Config
+from paycron.db import bounded_write
 from paycron.enums import CancelOutcome, Status
 from paycron.errors import CancelRefused, NotFound, ValidationFailed
 from paycron.ids import parse_payment_id
@@ -276,6 +277,10 @@ _CREATED_HEADERS = {
                                 "(IDEMPOTENCY_KEY_REUSED)."))
 @bp.alt_response(413, **TOO_LARGE)
 @bp.alt_response(415, **NOT_JSON)
+@bp.alt_response(503, **problem(
+    "The database could not confirm the create: OUTCOME_UNKNOWN (it may or may not exist; "
+    "retry with the same Idempotency-Key, which returns it or creates it once), or "
+    "UNAVAILABLE (nothing was created)."))
 def create():
     """Schedule a payment.
 
@@ -290,6 +295,11 @@ def create():
     creates skip that round trip: the insert itself detects a used key (ON
     CONFLICT). Loading the key here also costs a third of what webargs does
     on this hot path.
+
+    Every write here is bounded by ``WEB_STATEMENT_TIMEOUT``, its wait for
+    the synchronous standby included (:func:`paycron.db.bounded_write`): a
+    create whose wait was cut, or whose connection was lost, answers 503
+    OUTCOME_UNKNOWN, and a replay answers only a payment the standby holds.
     """
     actor = g.principal.actor
     body = json_object()
@@ -298,18 +308,26 @@ def create():
     try:
         new = load(current_app.extensions["paycron.create_schema"], body)
     except ValidationFailed:
-        with _pool().connection() as conn:
+        with _pool().connection() as conn, bounded_write(conn, _write_bound()):
             replay = payments.find_replay(conn, actor, idempotency_key, body_hash)
+            if replay is not None:
+                payments.confirm_replicated(conn, actor=actor, key=idempotency_key)
         if replay is None:
             raise
         return _created(replay, replayed=True)
     config = current_app.extensions["paycron.config"]
-    with _pool().connection() as conn:
+    with _pool().connection() as conn, bounded_write(conn, _write_bound()):
         created = payments.create_payment(
             conn, actor=actor, key=idempotency_key, body_hash=body_hash, new=new,
             processor=config.gateway, smear_seconds=config.smear_seconds,
         )
+        if created.replayed:
+            payments.confirm_replicated(conn, actor=actor, key=idempotency_key)
     return _created(created.payment, created.replayed)
+
+
+def _write_bound() -> float:
+    return current_app.extensions["paycron.config"].web_statement_timeout
 
 
 def _created(payment: dict, replayed: bool):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from flask import Flask, jsonify
 from marshmallow import fields
+from psycopg import OperationalError
 from psycopg.errors import QueryCanceled
+from psycopg_pool import PoolTimeout
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from paycron.errors import (
@@ -17,6 +19,7 @@ from paycron.errors import (
     IdempotencyKeyReused,
     LimitReached,
     NotFound,
+    OutcomeUnknown,
     PaycronError,
     RateLimited,
     ValidationFailed,
@@ -34,6 +37,9 @@ _STATUS_BY_ERROR: list[tuple[type[PaycronError], int]] = [
     (LimitReached, 409),
     (RateLimited, 429),
     (GatewayError, 502),
+    # A create that may or may not have committed (SPEC §15): retry it with
+    # the same Idempotency-Key, which returns the payment or creates it once.
+    (OutcomeUnknown, 503),
 ]
 
 #: Codes for errors Flask/werkzeug raise before a view runs.
@@ -161,6 +167,14 @@ def register_error_handlers(app: Flask) -> None:
         app.logger.warning("statement cancelled: %s", type(error).__name__)
         return http_problem(ServiceUnavailable("the database did not answer in time; "
                                                "retry later"))
+
+    @app.errorhandler(PoolTimeout)
+    @app.errorhandler(OperationalError)
+    def _database_unreachable(error: Exception):
+        # No primary to talk to (a failover, a restart): 503 and retry, not a
+        # 500. A create's own losses answer OUTCOME_UNKNOWN (web.payments).
+        app.logger.warning("database unavailable: %s", type(error).__name__)
+        return http_problem(ServiceUnavailable("the database is unavailable; retry later"))
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception):
