@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor as ThreadPool
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from psycopg_pool import ConnectionPool
 
@@ -54,18 +54,18 @@ class GroupCounts:
 MIN_SEND_SECONDS = 1.0
 
 
-def look_up(gateway: Gateway, done: Finished, *, bound_seconds: float | None = None) -> Finished:
+def look_up(gateway: Gateway, done: Finished) -> Finished:
     """A payment whose calls may have charged (exhausted in doubt, ten "key in
     use" answers in a row, a rejected request in doubt) is asked about by
     reference before its decision is written; :func:`policy.after_lookup`
-    decides. A lookup that fails proves nothing: the decision stands, in doubt.
-    The call just made counts in the in-flight bound (``bound_seconds`` from
-    its start) when it may still land, though finish has not written it yet."""
+    decides. A lookup that fails proves nothing: the decision stands, in doubt."""
     row = done.row
-    if done.result.may_land and bound_seconds is not None:
-        until = row["started_at"] + timedelta(seconds=bound_seconds)
-        row = {**row, "calls_land_by": max(filter(None, (row["calls_land_by"], until)))}
     lookup = _ask(gateway, row, in_doubt=done.decision.in_doubt)
+    if lookup.answer is Answer.NONE and done.result.may_land:
+        # The call just made may still land (its bound, written by this
+        # finish, is ahead whatever the row's older one says), or a 409 said
+        # a call with the key runs right now: a *none* is not conclusive.
+        lookup = replace(lookup, conclusive=False)
     decision = policy.after_lookup(done.decision, lookup)
     return Finished(done.row, _found(lookup) or done.result, decision)
 
@@ -152,8 +152,7 @@ class Executor:
         counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
         for i, item in enumerate(done):
             if item.decision.needs_lookup:
-                done[i] = look_up(self.gateway, item,
-                                  bound_seconds=self.config.in_flight_bound_seconds)
+                done[i] = look_up(self.gateway, item)
                 counts.looked_up += 1
         recorded = finish(self.pool, done, land_seconds=self.config.in_flight_bound_seconds,
                           poll_seconds=self.config.gateway_poll_seconds)
