@@ -6,7 +6,7 @@ the shared per-second call window.
 
 Makes N bank debits at the fake gateway's Stripe surface (through the SDK)
 and N payments waiting on them (AWAITING_GATEWAY), settles the debits, then
-posts each debit's signed ``payment_intent.succeeded`` to
+posts a signed ``payment_intent.succeeded`` for each debit to
 ``POST /v1/gateway-events/stripe`` (Flask test client, in process) and
 prints the answer times; then runs the service until every event is
 applied and prints the drain time and rate against the window's ceiling
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import json
 import statistics
 import time
 import uuid
@@ -31,7 +32,7 @@ import redis
 from bench.harness import REDIS_URL, private_database
 from devtools.fake_gateway import STRIPE_API_KEY, STRIPE_WEBHOOK_SECRET, GatewayHandle
 from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
-from paycron.config import Config
+from paycron.config import STRIPE_API_VERSION, Config
 from paycron.db import connect, make_pool
 from paycron.gateway import build_gateway
 from paycron.ids import new_payment_id
@@ -68,6 +69,18 @@ def waiting_payments(conn, made) -> None:
                             "pm_bank_processing_succeeds"))
 
 
+def event_body(payment_id: uuid.UUID, intent: str) -> bytes:
+    """The debit's ``payment_intent.succeeded`` as Stripe sends it (the stub
+    keeps only its latest events, so the burst builds its own)."""
+    return json.dumps({
+        "id": f"evt_{uuid.uuid4().hex[:24]}", "object": "event",
+        "type": "payment_intent.succeeded", "created": int(time.time()), "livemode": False,
+        "api_version": STRIPE_API_VERSION, "data": {"object": {
+            "id": intent, "object": "payment_intent", "status": "succeeded", "amount": 2500,
+            "currency": "usd", "metadata": {"paycron_payment_id": str(payment_id)}}},
+    }).encode()
+
+
 def signed(payload: bytes) -> dict:
     at = int(time.time())
     mac = hmac.new(STRIPE_WEBHOOK_SECRET.encode(), f"{at}.".encode() + payload,
@@ -101,10 +114,7 @@ def main() -> None:
             handle.stripe_settle()
             print(f"{args.events} bank debits made, waiting and settled at the stub in "
                   f"{time.monotonic() - started:.0f}s")
-            events = {e["object_id"]: e["id"] for e in handle.stripe_events()
-                      if e["type"] == "payment_intent.succeeded"}
-            bodies = [handle.http.get(f"/stripe/v1/events/{events[intent]}", headers={
-                "Authorization": f"Bearer {STRIPE_API_KEY}"}).content for _, _, intent in made]
+            bodies = [event_body(payment_id, intent) for payment_id, _, intent in made]
             from web import create_app
 
             app = create_app(config)
@@ -120,7 +130,7 @@ def main() -> None:
             times.sort()
             print(f"web: {len(times)} events answered 200, p50 {statistics.median(times):.2f} "
                   f"ms, p99 {times[int(0.99 * len(times))]:.2f} ms, max {times[-1]:.2f} ms")
-            pool = make_pool(config, max_size=4, name="bench-events")
+            pool = make_pool(config, max_size=6, name="bench-events")
             limiter = CallLimiter(redis.Redis.from_url(REDIS_URL), config)
             service = GatewayEventService(config=config, pool=pool, gateway=build_gateway(
                 config, max_connections=4, call_limiter=limiter))

@@ -70,7 +70,7 @@ def build(config: Config) -> Scheduler:
     # Webhooks have their own pool: a slow endpoint never holds a sweep's connection.
     relay_pool = make_pool(config, max_size=relay_config.pool_size, name="relay")
     # And the processor's events theirs: a burst of them never delays a sweep.
-    events_pool = make_pool(config, max_size=4, name="gateway-events")
+    events_pool = make_pool(config, max_size=6, name="gateway-events")
 
     def enqueue(claims, probe):
         broker.enqueue(execute_message(claims, probe=probe, queue_name=config.queue_name))

@@ -36,7 +36,7 @@ EVENT_RETRY_SECONDS, EVENT_RETRY_MAX_SECONDS = 5.0, 3600.0
 #: ...and is given up after this many tries (the poller settles its payment anyway).
 EVENT_MAX_ATTEMPTS = 40
 #: Retrieves of a batch in flight at once (each takes a token of the window).
-CONCURRENCY = 16
+CONCURRENCY = 32
 #: An event being applied is someone's for this long (a crash only delays it).
 EVENT_CLAIM_SECONDS = 60.0
 #: Who the audit rows and events name.
