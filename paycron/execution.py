@@ -49,6 +49,10 @@ class GroupCounts:
     looked_up: int = 0
 
 
+#: Parked with a dead letter for a human (the metric counts each).
+PARKED_REASONS = frozenset({FailureReason.RETRIES_EXHAUSTED, FailureReason.LOOKUP_MISMATCH,
+                            FailureReason.GATEWAY_REJECTED})
+
 #: A call is sent only while its lease has at least this long left (seconds);
 #: its timeout is cut to the time left, so no call outlives its lease.
 MIN_SEND_SECONDS = 1.0
@@ -160,8 +164,14 @@ class Executor:
         parked = {r["id"] for r in recorded if r["moved"] and r["status"] == Status.FAILED}
         for item in done:
             reason = item.decision.failure_reason
-            if item.row["id"] in parked and reason is FailureReason.RETRIES_EXHAUSTED:
+            if item.row["id"] in parked and reason in PARKED_REASONS:
                 metrics.DEAD_LETTERS.labels(reason.value).inc()
+            if item.row["id"] in parked and reason is FailureReason.GATEWAY_REJECTED:
+                # Our parameters changed under a live key: a bug or an API
+                # version change while in doubt; a human must look.
+                log.error("the processor refused payment %s's parameters under its key "
+                          "(%s): parked GATEWAY_REJECTED", item.row["id"],
+                          item.result.error_code)
             name = item.result.outcome.value
             counts.outcomes[name] = counts.outcomes.get(name, 0) + 1
             log.info("attempt payment=%s attempt=%d outcome=%s error=%s status=%s",

@@ -213,3 +213,24 @@ def test_the_breaker_counts_rejected_keys_and_opens(stripe_config, conn, gateway
         assert engine.breaker.state() is BreakerState.OPEN
     finally:
         engine.close()
+
+
+def test_changed_parameters_under_a_live_key_are_looked_up_then_parked_and_paged(
+        engine, conn, gateway, caplog):
+    row = a_payment(conn)
+    # Another request already used the payment's key with other parameters
+    # (as a changed API version or a bug would): Stripe answers idempotency_error.
+    gateway.stripe_client().v1.payment_intents.create(params={
+        "amount": row["amount_minor"] + 7, "currency": "usd", "customer": CUSTOMER,
+        "payment_method": "pm_card_visa", "confirm": True, "off_session": True,
+        "metadata": {"paycron_payment_id": "someone-else"}},
+        options={"idempotency_key": str(row["id"])})
+    with caplog.at_level(logging.ERROR):
+        engine.work()
+    done = payment(conn, row["id"])
+    assert (done["status"], done["failure_reason"], done["key_generation"]) == (
+        "FAILED", "GATEWAY_REJECTED", 1)
+    assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["REJECTED"]
+    assert conn.execute("SELECT reason FROM dead_letters WHERE payment_id = %s",
+                        (row["id"],)).fetchone()["reason"] == "GATEWAY_REJECTED"
+    assert any("GATEWAY_REJECTED" in r.getMessage() for r in caplog.records)
