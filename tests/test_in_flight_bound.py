@@ -9,8 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis
 
+from paycron import dead_letters
 from paycron.breaker import CircuitBreaker
 from paycron.db import make_pool
+from paycron.errors import DeadLetterActionRefused
 from paycron.execution import Executor
 from paycron.gateway_client import HttpGateway
 from paycron.transitions import Claim, claim_due, reap_expired, start
@@ -146,3 +148,24 @@ def test_a_payment_of_another_processor_is_neither_claimed_nor_called(conn, conf
     counts = executor.execute([Claim(claim.payment_id, claim.due_at, claim.attempt)])
     assert (counts.stale, counts.calls, scripted.charge_requests()) == (1, 0, 0)
     assert attempts_of(conn, row["id"]) == []
+
+
+@pytest.mark.parametrize("earlier", ["never in doubt", "in doubt, bound passed"])
+def test_the_call_that_exhausts_the_budget_keeps_its_lookup_inconclusive(
+        conn, config, scripted, executor, earlier):
+    # The last call of the budget gets a 503 (it may have charged) and the
+    # lookup before parking finds nothing. That call's own bound is ahead:
+    # the none is not conclusive, so the payment parks in doubt (a re-drive
+    # under the next key, or a cancel, would let that call charge too).
+    scripted.answers[2500] = (503, {}, b"{}")
+    past = datetime.now(UTC) - timedelta(hours=1)
+    row = insert_payment(conn, failures=5, attempt=5, **(
+        {} if earlier == "never in doubt"
+        else {"in_doubt": True, "in_doubt_since": past, "calls_land_by": past}))
+    executor.execute(claim_due(conn, limit=1, lease_seconds=config.lease_seconds))
+    after = payment(conn, row["id"])
+    assert (after["status"], after["failure_reason"]) == ("FAILED", "RETRIES_EXHAUSTED")
+    assert after["in_doubt"] and after["calls_land_by"] > datetime.now(UTC)
+    assert after["key_generation"] == 1
+    with pytest.raises(DeadLetterActionRefused, match="may still land"):
+        dead_letters.redrive(conn, executor.gateway, row["id"], actor="ops")
