@@ -13,10 +13,10 @@ that effect allows, so a timeout may hide a charge and a key answered once
 replays that answer.
 
 One assumption: a zombie's call has settled at the gateway by the time its
-lease is reaped. Without it the machine finds a payment re-driven on a
-lookup's "none" while its zombie's call was still landing, then cancelled
-although charged: today's re-drive takes any "none" as conclusive (SPEC §3
-wants it past the calls' in-flight bound).
+lease is reaped. The engine no longer needs it (a re-drive now waits for a
+conclusive "none", past the calls' in-flight bound: tests/test_dead_letters.py
+and tests/test_in_flight_bound.py), but this model does not yet model time,
+key generations or the Stripe answers; a rewrite that does is in progress.
 
 The CHECK constraints are Postgres's to enforce: a transition that would
 break one raises, and the sequence fails with the CheckViolation.
