@@ -24,10 +24,10 @@ from tempfile import mkdtemp
 from devtools.fake_gateway import STRIPE_API_KEY, GatewayHandle
 from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
 from paycron.config import STRIPE_API_VERSION
-from paycron.enums import Outcome
-from paycron.gateway import ChargeRequest
-from paycron.gateway_client import HttpGateway
-from paycron.stripe_gateway import StripeGateway
+from paycron.domain.enums import Outcome
+from paycron.domain.processing import ChargeRequest
+from paycron.processors.card.client import HttpGateway
+from paycron.processors.stripe.client import StripeGateway
 
 
 def cpu_seconds() -> float:

@@ -32,11 +32,11 @@ import urllib3
 from bench.harness import UNLIMITED_API
 from bench.servers import PrivatePostgres, PrivateRedis
 from devtools.procs import ProcessGroup, free_port, wait_http, web_args
-from paycron.apikeys import create_api_key
 from paycron.config import Config
-from paycron.db import connect
-from paycron.migrate import migrate
-from paycron.partitions import ensure_partitions
+from paycron.store.apikeys import create_api_key
+from paycron.store.db import connect
+from paycron.store.migrate import migrate
+from paycron.store.partitions import ensure_partitions
 
 #: The client retries a failed request this many times (creates with the same key).
 CLIENT_RETRIES = 3

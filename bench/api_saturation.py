@@ -11,7 +11,7 @@ a new TCP connection), the same for every app, paycron's on a private
 database.
 Load: ``wrk`` (C, event loop: a few % of one core here) with a Lua script
 that sends every create with its own Idempotency-Key, a bearer key made
-with paycron.apikeys.create_api_key, and a dueAt a day ahead. Saturation
+with paycron.store.apikeys.create_api_key, and a dueAt a day ahead. Saturation
 is closed-loop with ``--connections`` connections. The half-rate phase
 paces ``--paced-connections`` connections with exponential think times
 (wrk has no constant-rate mode; wrk2 is not packaged), calibrated by a short
@@ -42,9 +42,9 @@ import psycopg
 
 from bench.harness import REDIS_URL, UNLIMITED_API, private_database
 from devtools.procs import ProcessGroup, free_port, wait_http, web_args
-from paycron.apikeys import create_api_key
 from paycron.config import Config
-from paycron.db import connect
+from paycron.store.apikeys import create_api_key
+from paycron.store.db import connect
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -26,10 +26,10 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from bench.harness import REDIS_URL, private_database
-from paycron import apikeys, partitions
 from paycron.config import Config
-from paycron.db import connect
-from paycron.ids import new_payment_id
+from paycron.domain.ids import new_payment_id
+from paycron.store import apikeys, partitions
+from paycron.store.db import connect
 
 PAYER = "big-payer"
 WARMUP = 3

@@ -23,9 +23,9 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from bench.harness import REDIS_URL, private_database
-from paycron import apikeys
 from paycron.config import Config
-from paycron.db import connect
+from paycron.store import apikeys
+from paycron.store.db import connect
 
 URL = "/v1/scheduled-payments"
 PAYER = "bench-payer"

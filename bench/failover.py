@@ -49,12 +49,12 @@ from bench.harness import System
 from bench.servers import ReplicatedPostgres
 from devtools.fake_gateway import charges_per_key
 from devtools.procs import free_port, wait_http, web_args
-from paycron.apikeys import create_api_key
 from paycron.config import Config
-from paycron.db import connect
-from paycron.migrate import migrate
-from paycron.partitions import ensure_partitions
 from paycron.sql import parse_blocks
+from paycron.store.apikeys import create_api_key
+from paycron.store.db import connect
+from paycron.store.migrate import migrate
+from paycron.store.partitions import ensure_partitions
 
 QUERIES = parse_blocks((Path(__file__).parent / "failover.sql").read_text())
 

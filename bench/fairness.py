@@ -27,8 +27,8 @@ from bench.harness import (
 )
 from bench.latency import latency_faults
 from devtools.factories import bulk_insert
-from paycron.db import connect
 from paycron.sql import parse_blocks
+from paycron.store.db import connect
 
 QUERIES = parse_blocks("""
 -- name: lateness_by_group

@@ -33,10 +33,10 @@ from bench.harness import REDIS_URL, private_database
 from devtools.fake_gateway import STRIPE_API_KEY, STRIPE_WEBHOOK_SECRET, GatewayHandle
 from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
 from paycron.config import STRIPE_API_VERSION, Config
-from paycron.db import connect, make_pool
-from paycron.gateway import build_gateway
-from paycron.ids import new_payment_id
-from paycron.pacing import CallLimiter
+from paycron.domain.ids import new_payment_id
+from paycron.limits.pacing import CallLimiter
+from paycron.processors.factory import build_gateway
+from paycron.store.db import connect, make_pool
 from scheduler.gateway_events import GatewayEventService
 
 

@@ -27,9 +27,9 @@ from devtools.procs import (
     worker_args,
 )
 from paycron.config import Config
-from paycron.db import connect
-from paycron.migrate import migrate
-from paycron.partitions import ensure_partitions
+from paycron.store.db import connect
+from paycron.store.migrate import migrate
+from paycron.store.partitions import ensure_partitions
 
 ADMIN_DSN = os.environ.get("PAYCRON_BENCH_ADMIN_DSN",
                            "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -29,8 +29,8 @@ from bench.harness import (
     wait_until_settled,
 )
 from devtools.factories import bulk_insert
-from paycron.db import connect
-from paycron.stats import lateness
+from paycron.store.db import connect
+from paycron.store.stats import lateness
 
 #: The issue's two spikes: (payments, ceiling per second, median latency ms).
 SPIKES = ((3000, 500, 300), (2000, 200, 1000))

@@ -55,7 +55,7 @@ from bench.latency import latency_faults
 from bench.pgqueuer_compare import ATTEMPT_AND_CAS, ENTRYPOINT, asyncpg_params, run_pgqueuer
 from devtools.factories import bulk_insert
 from paycron.config import Config
-from paycron.db import connect
+from paycron.store.db import connect
 
 #: High enough that paycron's shared call window never binds.
 UNCAPPED_RATE_LIMIT = 100_000
@@ -78,7 +78,7 @@ async def async_factory(max_tasks: int) -> AsyncIterator[object]:
     from pgqueuer import PgQueuer
     from pgqueuer.models import Job
 
-    from paycron.transitions import worker_name
+    from paycron.store.transitions import worker_name
 
     config = Config.from_env()
     pool = await asyncpg.create_pool(**asyncpg_params(config.database_url))

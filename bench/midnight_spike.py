@@ -20,9 +20,9 @@ from bench.harness import (
     wait_until_settled,
 )
 from devtools.factories import bulk_insert
-from paycron.db import connect
 from paycron.sql import parse_blocks
-from paycron.stats import lateness
+from paycron.store.db import connect
+from paycron.store.stats import lateness
 
 QUERIES = parse_blocks("""
 -- name: spike_expiries

@@ -52,8 +52,8 @@ from bench.harness import (
 )
 from bench.throughput import SETTINGS, run_baseline, run_paycron
 from paycron.config import Config
-from paycron.db import connect
-from paycron.ids import new_payment_id
+from paycron.domain.ids import new_payment_id
+from paycron.store.db import connect
 
 ENTRYPOINT = "charge_payment"
 
@@ -89,11 +89,11 @@ async def factory() -> AsyncIterator[object]:
     from pgqueuer import PgQueuer
     from pgqueuer.models import Job
 
-    from paycron.db import make_pool
-    from paycron.enums import Outcome
-    from paycron.gateway import ChargeRequest
-    from paycron.gateway_client import HttpGateway
-    from paycron.transitions import worker_name
+    from paycron.domain.enums import Outcome
+    from paycron.domain.processing import ChargeRequest
+    from paycron.processors.card.client import HttpGateway
+    from paycron.store.db import make_pool
+    from paycron.store.transitions import worker_name
 
     config = Config.from_env()
     threads = int(os.environ.get("PGQ_BENCH_THREADS", "16"))

@@ -51,12 +51,12 @@ from devtools.procs import (
     web_args,
     worker_args,
 )
-from paycron.apikeys import create_api_key
 from paycron.config import Config
-from paycron.db import connect
-from paycron.migrate import migrate
-from paycron.partitions import ensure_partitions
 from paycron.sql import parse_blocks
+from paycron.store.apikeys import create_api_key
+from paycron.store.db import connect
+from paycron.store.migrate import migrate
+from paycron.store.partitions import ensure_partitions
 
 CHECKS = parse_blocks((Path(__file__).parent / "soak.sql").read_text())
 

@@ -35,10 +35,10 @@ from bench.harness import (
 )
 from bench.latency import latency_faults
 from paycron.config import Config
-from paycron.db import connect
-from paycron.ids import new_payment_id
+from paycron.domain.ids import new_payment_id
 from paycron.sql import parse_blocks
-from paycron.stats import lateness
+from paycron.store.db import connect
+from paycron.store.stats import lateness
 
 QUERIES = parse_blocks("""
 -- name: lateness_by_minute

@@ -8,7 +8,7 @@ Each claim is ``claim_due(limit=10)`` in its own transaction (autocommit:
 one statement), timed from the client. The two databases are measured in
 alternating blocks so that load from elsewhere on the machine falls on both
 alike. History rows are generated in SQL (INSERT ... SELECT generate_series)
-with ids built like paycron/ids.py: the due time in milliseconds in the top
+with ids built like paycron/domain/ids.py: the due time in milliseconds in the top
 48 bits, version 7, variant 10, the rest random. Both databases are
 VACUUM ANALYZEd after loading, so autovacuum does not run during the
 measurement in one of them only.
@@ -31,12 +31,12 @@ from psycopg import sql
 from bench.harness import private_database
 from devtools.factories import bulk_insert
 from paycron.config import Config
-from paycron.db import connect
-from paycron.partitions import day_start, partition_name
 from paycron.sql import q
-from paycron.transitions import claim_due
+from paycron.store.db import connect
+from paycron.store.partitions import day_start, partition_name
+from paycron.store.transitions import claim_due
 
-#: A payment id in SQL, as paycron/ids.py makes it: 48 bits of due time in
+#: A payment id in SQL, as paycron/domain/ids.py makes it: 48 bits of due time in
 #: ms, the version nibble 7, then 19 hex digits of a v4 UUID starting right
 #: after its version nibble (so its variant bits 10 come along).
 PAYMENT_ID_SQL = """(lpad(to_hex(floor(extract(epoch FROM {due}) * 1000)::bigint), 12, '0')
@@ -84,7 +84,7 @@ def load_history(conn, n: int, days: int, chunks: int = 10) -> float:
 
 
 def check_ids(conn) -> int:
-    """Rows whose id does not carry its due time (as paycron.ids would): 0."""
+    """Rows whose id does not carry its due time (as paycron.domain.ids would): 0."""
     return conn.execute("""
         SELECT count(*) AS n FROM (SELECT id, due_at FROM payments TABLESAMPLE SYSTEM (1)) s
         WHERE ('x' || substr(replace(id::text, '-', ''), 1, 12))::bit(48)::bigint

@@ -20,9 +20,9 @@ from bench.harness import (
 )
 from devtools.factories import bulk_insert
 from paycron.config import Config
-from paycron.db import connect
 from paycron.sql import parse_blocks
-from paycron.transitions import claim_due
+from paycron.store.db import connect
+from paycron.store.transitions import claim_due
 
 BASELINE = parse_blocks((Path(__file__).parent / "baseline.sql").read_text())
 SETTINGS = {

@@ -46,12 +46,12 @@ from devtools.procs import (
     worker_args,
 )
 from devtools.stats import outcome_summary, status_counts
-from paycron import apikeys
 from paycron.config import Config
-from paycron.db import connect
-from paycron.migrate import migrate
-from paycron.partitions import ensure_partitions
-from paycron.stats import lateness
+from paycron.store import apikeys
+from paycron.store.db import connect
+from paycron.store.migrate import migrate
+from paycron.store.partitions import ensure_partitions
+from paycron.store.stats import lateness
 
 #: Magic amounts the fake gateway always declines / always answers 503 to.
 DECLINE_AMOUNT, ALWAYS_503_AMOUNT = 40002, 50003

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from paycron.ids import new_payment_id
+from paycron.domain.ids import new_payment_id
 
 
 def insert_payment(conn, *, payer: str = "alice", due_at: datetime | None = None,

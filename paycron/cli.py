@@ -11,15 +11,16 @@ import uuid
 
 import click
 
-from paycron import apikeys, dead_letters, partitions
 from paycron.config import Config
-from paycron.db import connect, make_redis
+from paycron.domain.ids import parse_payment_id
+from paycron.engine import dead_letters
 from paycron.errors import ConfigError, PaycronError
-from paycron.gateway import build_gateway
-from paycron.ids import parse_payment_id
-from paycron.migrate import migrate as apply_migrations
-from paycron.observability import init_sentry
-from paycron.pacing import CallLimiter
+from paycron.limits.pacing import CallLimiter
+from paycron.observability.sentry.sentry import init_sentry
+from paycron.processors.factory import build_gateway
+from paycron.store import apikeys, partitions
+from paycron.store.db import connect, make_redis
+from paycron.store.migrate import migrate as apply_migrations
 
 
 def _config() -> Config:
@@ -248,7 +249,7 @@ def stats(as_json: bool, window_minutes: int) -> None:
     """Health numbers: backlog, oldest-due PENDING age, lateness, DLQ, partitions."""
     from datetime import timedelta
 
-    from paycron import stats as health_stats
+    from paycron.store import stats as health_stats
 
     config = _config()
     with connect(config) as conn:

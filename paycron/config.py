@@ -131,7 +131,7 @@ class Config:
     #: page reads a few ms; 5 s leaves room for a slow disk, not for a scan.
     web_statement_timeout: float = setting(5.0, parse_duration)
     #: Gateway calls one worker process keeps in flight at most; what it keeps
-    #: is sized from the ceiling and the observed latency (paycron/inflight.py).
+    #: is sized from the ceiling and the observed latency (paycron/engine/inflight.py).
     #: 256 covers a 200/s ceiling at 1 s with headroom in a single process.
     gateway_max_in_flight: int = setting(256, int)
     #: How long a web process trusts an API key it has authenticated: a
@@ -139,7 +139,7 @@ class Config:
     api_key_cache_seconds: float = setting(10.0, parse_duration)
     #: Requests per second per actor, and the bucket's size: one billing
     #: service's month-start burst (a few thousand creates at once) fits in
-    #: the burst, and 500/s refills it in 10 s (paycron/rate_limits.py).
+    #: the burst, and 500/s refills it in 10 s (paycron/limits/rate_limits.py).
     api_rate_limit: int = setting(500, int)
     api_rate_burst: int = setting(5000, int)
     #: Live webhook endpoints per actor: each is a stream the relay serves.
@@ -151,7 +151,7 @@ class Config:
     webhook_concurrency: int = setting(8, int)
     webhook_timeout_seconds: float = setting(5.0, parse_duration)
     webhook_backoff_max_seconds: float = setting(600.0, parse_duration)
-    #: Scheduler and worker processes serve their counters here (see paycron.metrics).
+    #: Scheduler and worker processes serve their counters here (see paycron.observability.metrics).
     metrics_port: int | None = setting(None, int)
     #: The web port serves /metrics only to ``Authorization: Bearer <this>``;
     #: unset, it does not serve /metrics at all (404).

@@ -1,4 +1,4 @@
-"""Named SQL blocks, loaded once from ``paycron/*.sql``.
+"""Named SQL blocks, loaded once from ``paycron/store/sql/*.sql``.
 
 Each block starts with ``-- name: some_name`` followed by a one-line
 description comment; the SQL uses ``%(param)s`` placeholders. Keeping every
@@ -27,7 +27,7 @@ def parse_blocks(text: str) -> dict[str, str]:
 @cache
 def queries() -> dict[str, str]:
     blocks: dict[str, str] = {}
-    for path in sorted(Path(__file__).parent.glob("*.sql")):
+    for path in sorted((Path(__file__).parent / "store" / "sql").glob("*.sql")):
         for name, body in parse_blocks(path.read_text()).items():
             if name in blocks:
                 raise ValueError(f"duplicate SQL block {name!r} in {path.name}")

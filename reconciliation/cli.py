@@ -14,11 +14,11 @@ from datetime import date
 import click
 
 from paycron.config import Config
-from paycron.db import connect, make_redis
 from paycron.errors import ConfigError
-from paycron.gateway import build_gateway
-from paycron.observability import configure_logging, init_sentry
-from paycron.pacing import CallLimiter
+from paycron.limits.pacing import CallLimiter
+from paycron.observability.sentry.sentry import configure_logging, init_sentry
+from paycron.processors.factory import build_gateway
+from paycron.store.db import connect, make_redis
 from reconciliation.errors import ReconciliationError
 from reconciliation.report import fetch_window, read_file
 from reconciliation.run import RunResult, reconcile_day

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from enum import StrEnum
 
-from paycron.enums import Status
-from paycron.ids import parse_payment_id
+from paycron.domain.enums import Status
+from paycron.domain.ids import parse_payment_id
 from reconciliation.report import FAILED, PROCESSING, REFUNDED, SUCCEEDED, ReportCharge
 
 

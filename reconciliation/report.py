@@ -4,7 +4,7 @@ A charge belongs to the UTC day of its ``created_at``. To match a completion
 and its charge on either side of midnight, a run fetches the day before and
 the day after too. The processor adapter fetches (a CSV at the fake, the
 charges list at Stripe); a file given by hand is the CSV of
-:mod:`paycron.settlement_csv`.
+:mod:`paycron.processors.card.settlement_csv`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from __future__ import annotations
 from datetime import date, timedelta
 from pathlib import Path
 
+from paycron.domain.processing import FAILED, PROCESSING, REFUNDED, SUCCEEDED, Charge
 from paycron.errors import GatewayError
-from paycron.gateway import FAILED, PROCESSING, REFUNDED, SUCCEEDED, Charge, Gateway
-from paycron.settlement_csv import COLUMNS, MalformedReport
-from paycron.settlement_csv import parse_report as parse_csv
+from paycron.processors.base import Gateway
+from paycron.processors.card.settlement_csv import COLUMNS, MalformedReport
+from paycron.processors.card.settlement_csv import parse_report as parse_csv
 from reconciliation.errors import ReconciliationError
 
 #: One charge of a settlement report (``amount`` in minor units).

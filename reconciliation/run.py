@@ -1,6 +1,6 @@
 """One reconciliation run over one UTC day: classify, repair, store, page.
 
-A repair is :func:`paycron.transitions.complete_from_gateway` (a CAS from
+A repair is :func:`paycron.store.transitions.complete_from_gateway` (a CAS from
 FAILED or PENDING only) committed together with its ``REPAIRED`` item, so a
 run that dies midway leaves no unrecorded repair and a second run repairs
 nothing twice: the CAS finds the payment COMPLETED. A repair that loses its
@@ -18,13 +18,14 @@ from datetime import date
 
 from psycopg import Connection
 
-from paycron import lookups, transitions
-from paycron.enums import Outcome, Status
+from paycron.domain.enums import Outcome, Status
+from paycron.domain.ids import parse_payment_id
+from paycron.domain.policy import Answer
+from paycron.engine import lookups
 from paycron.errors import GatewayError
-from paycron.gateway import Gateway
-from paycron.ids import parse_payment_id
-from paycron.payments import get_payment
-from paycron.policy import Answer
+from paycron.processors.base import Gateway
+from paycron.store import transitions
+from paycron.store.payments import get_payment
 from reconciliation import store
 from reconciliation.diff import (
     Item,

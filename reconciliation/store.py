@@ -11,10 +11,10 @@ from pathlib import Path
 
 from psycopg import Connection
 
-from paycron.enums import Status
-from paycron.ids import due_range
-from paycron.partitions import day_start
+from paycron.domain.enums import Status
+from paycron.domain.ids import due_range
 from paycron.sql import parse_blocks
+from paycron.store.partitions import day_start
 from reconciliation.diff import Completion, Item, PaymentView
 
 QUERIES = parse_blocks((Path(__file__).parent / "reconciliation.sql").read_text())

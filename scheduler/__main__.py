@@ -5,7 +5,7 @@ pools, the Redis client and a broker to send with, and runs each periodic
 service (sweeper, reaper, partition keeper, webhook relay, gateway events) in a thread of
 its own until SIGTERM. No leader: run as many as you like; SKIP LOCKED, the
 shared pacing bucket and the guarded reaper make them cooperate through
-Postgres and Redis alone. It sends the workers' message (paycron.messages)
+Postgres and Redis alone. It sends the workers' message (paycron.engine.messages)
 without importing the worker's wiring.
 """
 
@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from dramatiq.brokers.redis import RedisBroker
 from psycopg_pool import ConnectionPool
 
-from paycron.breaker import CircuitBreaker
 from paycron.config import Config
-from paycron.db import make_pool, make_redis
-from paycron.gateway import build_gateway
-from paycron.messages import execute_message
-from paycron.metrics import serve_metrics
-from paycron.observability import configure_logging, init_sentry
-from paycron.pacing import CallLimiter, ClaimPacer
+from paycron.engine.messages import execute_message
+from paycron.limits.breaker import CircuitBreaker
+from paycron.limits.pacing import CallLimiter, ClaimPacer
+from paycron.observability.sentry.metrics import serve_metrics
+from paycron.observability.sentry.sentry import configure_logging, init_sentry
+from paycron.processors.factory import build_gateway
+from paycron.store.db import make_pool, make_redis
 from scheduler.gateway_events import GatewayEventService
 from scheduler.partition_keeper import PartitionKeeper
 from scheduler.reaper import Reaper

@@ -2,7 +2,7 @@
 payments whose event never came (SPEC §12), one River-shaped service.
 
 Each run: apply pending events in batches (retrieve the processor-side
-payment, then :func:`paycron.gateway_events.settle`); an event whose
+payment, then :func:`paycron.store.processor_events.settle`); an event whose
 payment has not recorded its call yet stays pending and is tried again with
 backoff. Then poll waiting payments whose next poll is due (5 min, 30 min,
 2 h, then every 12 h without an event): each is claimed by moving its next
@@ -20,11 +20,12 @@ from datetime import UTC, datetime
 
 from psycopg_pool import ConnectionPool
 
-from paycron import gateway_events, policy
 from paycron.config import Config
-from paycron.gateway import Gateway
-from paycron.gateway_events import SETTLING_TYPES, Result
+from paycron.domain import policy
+from paycron.processors.base import Gateway
 from paycron.sql import q
+from paycron.store import processor_events as gateway_events
+from paycron.store.processor_events import SETTLING_TYPES, Result
 from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.gateway_events")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
-from paycron.partitions import days_ahead, detach_settled, ensure_partitions
+from paycron.store.partitions import days_ahead, detach_settled, ensure_partitions
 from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.partitions")

@@ -1,7 +1,7 @@
 """The reaper: PROCESSING rows whose lease ran out go back to PENDING.
 
 Guarded on status + lease + attempt (River #1302 is what an id-only guard
-does); where each row goes is :func:`paycron.policy.after_lease_expiry`'s
+does); where each row goes is :func:`paycron.domain.policy.after_lease_expiry`'s
 decision. The next claim re-asks the gateway with the same key, which
 answers for the lost call.
 """
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from psycopg_pool import ConnectionPool
 
-from paycron import metrics
 from paycron.config import Config
-from paycron.transitions import reap_expired
+from paycron.observability.sentry import metrics
+from paycron.store.transitions import reap_expired
 from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.reaper")

@@ -41,11 +41,11 @@ from dataclasses import dataclass
 import urllib3
 from psycopg_pool import ConnectionPool
 
-from paycron import webhooks
 from paycron.config import Config
 from paycron.errors import ConfigError
-from paycron.events import to_wire
-from paycron.webhooks import Lease, Recorded
+from paycron.store import webhooks
+from paycron.store.events import to_wire
+from paycron.store.webhooks import Lease, Recorded
 from scheduler.service import ERROR_PAUSE_SECONDS, PeriodicService
 
 log = logging.getLogger("paycron.relay")

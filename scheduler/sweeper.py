@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from psycopg_pool import ConnectionPool
 
-from paycron import metrics
-from paycron.breaker import BreakerState, CircuitBreaker
 from paycron.config import Config
-from paycron.pacing import ClaimPacer
-from paycron.transitions import Claim, claim_due, count_queued, release
+from paycron.limits.breaker import BreakerState, CircuitBreaker
+from paycron.limits.pacing import ClaimPacer
+from paycron.observability.sentry import metrics
+from paycron.store.transitions import Claim, claim_due, count_queued, release
 from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.sweeper")

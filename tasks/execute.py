@@ -1,5 +1,5 @@
 """The execute actor: one message = a small group of claimed payments,
-handed to this process's dispatcher (paycron/inflight.py).
+handed to this process's dispatcher (paycron/engine/inflight.py).
 
 Postgres is the only retry layer: the actor is never retried by Dramatiq
 (``max_retries=0``). A lost or failed message leaves PROCESSING rows whose
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dramatiq
 
-from paycron.messages import EXECUTE_ACTOR, decode_claims
+from paycron.engine.messages import EXECUTE_ACTOR, decode_claims
 from tasks.broker import config
 from tasks.runtime import dispatcher
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from paycron.breaker import CircuitBreaker
 from paycron.config import Config
-from paycron.db import make_pool, make_redis
-from paycron.execution import Executor
-from paycron.gateway import build_gateway
-from paycron.inflight import Dispatcher, InFlightLimit
-from paycron.metrics import serve_metrics
-from paycron.pacing import CallLimiter
+from paycron.engine.execution import Executor
+from paycron.engine.inflight import Dispatcher, InFlightLimit
+from paycron.limits.breaker import CircuitBreaker
+from paycron.limits.pacing import CallLimiter
+from paycron.observability.sentry.metrics import serve_metrics
+from paycron.processors.factory import build_gateway
+from paycron.store.db import make_pool, make_redis
 
 _lock = threading.Lock()
 _dispatcher: Dispatcher | None = None

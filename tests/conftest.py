@@ -17,10 +17,10 @@ from werkzeug.serving import make_server
 
 from devtools.fake_gateway import GatewayHandle
 from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
-from paycron import apikeys, partitions
 from paycron.config import Config
-from paycron.db import connect
-from paycron.migrate import migrate
+from paycron.store import apikeys, partitions
+from paycron.store.db import connect
+from paycron.store.migrate import migrate
 
 ADMIN_DSN = os.environ.get("PAYCRON_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 TEST_REDIS_URL = os.environ.get("PAYCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -217,7 +217,7 @@ def sentry(config):
     that keeps every envelope (tests.support.CapturingTransport)."""
     import sentry_sdk
 
-    from paycron.observability import init_sentry
+    from paycron.observability.sentry.sentry import init_sentry
     from tests.support import CapturingTransport
 
     transport = CapturingTransport()

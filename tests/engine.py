@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 import redis
 
-from paycron.breaker import CircuitBreaker
 from paycron.config import Config
-from paycron.db import make_pool
-from paycron.execution import Executor
-from paycron.gateway import build_gateway
-from paycron.pacing import ClaimPacer
-from paycron.transitions import Claim
+from paycron.engine.execution import Executor
+from paycron.limits.breaker import CircuitBreaker
+from paycron.limits.pacing import ClaimPacer
+from paycron.processors.factory import build_gateway
+from paycron.store.db import make_pool
+from paycron.store.transitions import Claim
 from scheduler.reaper import Reaper
 from scheduler.sweeper import Sweeper, SweepSettings
 

@@ -222,7 +222,7 @@ def test_missing_or_wrong_key_is_401(client, conn, header):
 
 
 def test_a_revoked_key_is_401(client, conn, make_key):
-    from paycron.apikeys import revoke_api_key
+    from paycron.store.apikeys import revoke_api_key
 
     key = make_key("carol")
     revoke_api_key(conn, key.split("_")[1])
@@ -239,7 +239,7 @@ class _Clock:
 
 
 def test_a_revoked_key_stops_working_once_the_cache_ttl_has_passed(app, conn, make_key):
-    from paycron.apikeys import PrincipalCache, revoke_api_key
+    from paycron.store.apikeys import PrincipalCache, revoke_api_key
 
     pool = app.extensions["paycron.pool"]
     clock = _Clock()
@@ -256,7 +256,7 @@ def test_a_revoked_key_stops_working_once_the_cache_ttl_has_passed(app, conn, ma
 
 def test_the_principal_cache_remembers_neither_unknown_keys_nor_more_than_its_bound(
         app, conn, make_key):
-    from paycron.apikeys import PrincipalCache, revoke_api_key
+    from paycron.store.apikeys import PrincipalCache, revoke_api_key
 
     pool = app.extensions["paycron.pool"]
     cache = PrincipalCache(60.0, max_entries=2)

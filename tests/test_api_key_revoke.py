@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from paycron import apikeys
 from paycron.cli import main
+from paycron.store import apikeys
 
 
 @pytest.fixture

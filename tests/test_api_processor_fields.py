@@ -14,8 +14,8 @@ import httpx
 import pytest
 from werkzeug.serving import make_server
 
-from paycron import stripe_amounts
-from paycron.money import ISO_4217
+from paycron.domain.money import ISO_4217
+from paycron.processors.stripe import amounts as stripe_amounts
 from tests.conftest import future, iso
 
 URL = "/v1/scheduled-payments"

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from paycron import payments
-from paycron.ids import new_payment_id
+from paycron.domain.ids import new_payment_id
+from paycron.store import payments
 from tests.conftest import future, iso
 from tests.factories import insert_payment
 
@@ -191,7 +191,7 @@ def test_cursors_round_trip_every_position_and_refuse_the_rest():
     it could not have written, it refuses with one message."""
     from marshmallow import ValidationError
 
-    from paycron.events import Position
+    from paycron.store.events import Position
     from web.events import FeedQuerySchema
     from web.payments import ListQuerySchema
 

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from paycron import transitions
 from paycron.config import Config
-from paycron.db import connect
+from paycron.store import transitions
+from paycron.store.db import connect
 from tests.factories import insert_payment
 from tests.rows import event_types as events
 

@@ -11,9 +11,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from paycron import apikeys
 from paycron.config import Config
 from paycron.errors import ConfigError
+from paycron.store import apikeys
 from tests.console_support import SECRET, MovableClock, console_config, csrf_of
 from tests.factories import add_attempt, insert_payment, park
 from tests.rows import letter, payment

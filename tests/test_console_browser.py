@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
-from paycron import apikeys
+from paycron.store import apikeys
 from tests.console_support import MovableClock, console_config
 from tests.factories import add_attempt, insert_payment, park
 from tests.rows import letter, payment

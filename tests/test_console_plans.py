@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from paycron import partitions
+from paycron.store import partitions
 from tests.factories import insert_payment, park
 from tests.test_schema import scanned_partitions
 from web.console import reads

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from devtools.procs import ProcessGroup, scheduler_args, stop, worker_args
-from paycron import transitions
+from paycron.store import transitions
 from tests.factories import bulk_insert
 
 DRAIN_SECONDS = 90

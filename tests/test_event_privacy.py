@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from paycron.events import to_wire
+from paycron.store.events import to_wire
 from tests.factories import insert_payment
 
 

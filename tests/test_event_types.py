@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from paycron.enums import EventType
+from paycron.domain.enums import EventType
 from tests.factories import insert_event
 
 README = Path(__file__).resolve().parent.parent / "README.md"

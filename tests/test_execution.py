@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 
-from paycron.transitions import Claim
+from paycron.store.transitions import Claim
 from tests.factories import insert_payment
 from tests.rows import attempts_of as attempts
 from tests.rows import count, event_types, payment

@@ -16,11 +16,11 @@ import psycopg
 import pytest
 
 from bench.servers import ReplicatedPostgres
-from paycron import apikeys
 from paycron.config import Config
-from paycron.db import CONNINFO_DEFAULTS, connect, connection_kwargs, make_pool
-from paycron.migrate import migrate
-from paycron.partitions import ensure_partitions
+from paycron.store import apikeys
+from paycron.store.db import CONNINFO_DEFAULTS, connect, connection_kwargs, make_pool
+from paycron.store.migrate import migrate
+from paycron.store.partitions import ensure_partitions
 
 #: The web's bound on a write, its commit's wait for the standby included.
 BOUND = 0.5

@@ -8,13 +8,13 @@ import json
 import pytest
 import redis
 
-from paycron.breaker import CircuitBreaker
-from paycron.db import make_pool
-from paycron.enums import Outcome
-from paycron.execution import Executor
-from paycron.gateway import ChargeRequest
-from paycron.gateway_client import HttpGateway
-from paycron.transitions import UNWRITABLE, claim_due
+from paycron.domain.enums import Outcome
+from paycron.domain.processing import ChargeRequest
+from paycron.engine.execution import Executor
+from paycron.limits.breaker import CircuitBreaker
+from paycron.processors.card.client import HttpGateway
+from paycron.store.db import make_pool
+from paycron.store.transitions import UNWRITABLE, claim_due
 from tests.factories import insert_payment
 
 

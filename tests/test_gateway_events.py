@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from devtools.fake_gateway import STRIPE_API_KEY
-from paycron.gateway import build_gateway
+from paycron.processors.factory import build_gateway
 from scheduler.gateway_events import GatewayEventService
 from tests.engine import Engine
 from tests.factories import insert_payment
@@ -251,7 +251,7 @@ def test_a_waiting_payment_cannot_be_cancelled(engine, conn, gateway, stripe_con
 
 def test_a_redrive_that_finds_the_debit_processing_waits_for_it(engine, conn, gateway,
                                                                  stripe_config):
-    from paycron import dead_letters
+    from paycron.engine import dead_letters
 
     row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED",
                          in_doubt=True, customer="cus_bank",
@@ -272,7 +272,7 @@ def test_a_redrive_that_finds_the_debit_processing_waits_for_it(engine, conn, ga
 
 
 def test_waiting_payments_are_counted_with_their_age(engine, conn, gateway):
-    from paycron import stats
+    from paycron.store import stats
 
     assert stats.health(conn)["awaiting_gateway"] == 0
     waiting(engine, conn)

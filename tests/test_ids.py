@@ -2,7 +2,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from paycron.ids import due_range, new_payment_id, parse_payment_id
+from paycron.domain.ids import due_range, new_payment_id, parse_payment_id
 
 
 @pytest.mark.parametrize("due_at", [

@@ -12,13 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from paycron.breaker import CircuitBreaker
-from paycron.db import make_pool
-from paycron.execution import Executor
-from paycron.gateway_client import HttpGateway
-from paycron.inflight import HEADROOM, Dispatcher, InFlightLimit
-from paycron.policy import KEY_IN_USE_LOOKUP_AFTER
-from paycron.transitions import claim_due
+from paycron.domain.policy import KEY_IN_USE_LOOKUP_AFTER
+from paycron.engine.execution import Executor
+from paycron.engine.inflight import HEADROOM, Dispatcher, InFlightLimit
+from paycron.limits.breaker import CircuitBreaker
+from paycron.processors.card.client import HttpGateway
+from paycron.store.db import make_pool
+from paycron.store.transitions import claim_due
 from tests.factories import insert_payment
 from tests.rows import attempts_of, payment
 

@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis
 
-from paycron import dead_letters
-from paycron.breaker import CircuitBreaker
-from paycron.db import make_pool
+from paycron.engine import dead_letters
+from paycron.engine.execution import Executor
 from paycron.errors import DeadLetterActionRefused
-from paycron.execution import Executor
-from paycron.gateway_client import HttpGateway
-from paycron.transitions import Claim, claim_due, reap_expired, start
+from paycron.limits.breaker import CircuitBreaker
+from paycron.processors.card.client import HttpGateway
+from paycron.store.db import make_pool
+from paycron.store.transitions import Claim, claim_due, reap_expired, start
 from tests.factories import insert_payment
 from tests.rows import attempts_of, payment
 

@@ -10,7 +10,7 @@ import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from paycron.metrics import DatabaseCollector
+from paycron.observability.sentry.metrics import DatabaseCollector
 from paycron.sql import q
 from tests.factories import insert_payment, park
 from tests.support import Clock

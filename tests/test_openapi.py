@@ -16,7 +16,7 @@ from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyStrategyDefinition
 
-from paycron.events import Position
+from paycron.store.events import Position
 from tests.factories import insert_payment
 from web.events import FeedQuerySchema
 from web.payments import DUE_AT_PATTERN, CreatePaymentSchema, ListQuerySchema

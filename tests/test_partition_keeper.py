@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from paycron import partitions
-from paycron.db import make_pool
+from paycron.store import partitions
+from paycron.store.db import make_pool
 from scheduler.partition_keeper import PartitionKeeper
 from tests.factories import insert_payment, park
 

@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from paycron import payments, transitions
 from paycron.config import Config
-from paycron.ids import due_range
+from paycron.domain.ids import due_range
 from paycron.sql import q
+from paycron.store import payments, transitions
 from tests.factories import insert_payment
 
 #: Generous: a handful of partitions with their indexes, never hundreds.

@@ -28,8 +28,8 @@ import pytest
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
-from paycron.messages import EXECUTE_ACTOR, execute_message
-from paycron.transitions import Claim
+from paycron.engine.messages import EXECUTE_ACTOR, execute_message
+from paycron.store.transitions import Claim
 from tests.factories import insert_payment, park
 from tests.support import QuietHandler, refusing_writes_of, serve_on_loopback
 

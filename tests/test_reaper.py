@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from paycron import transitions
-from paycron.enums import Outcome, Status
-from paycron.gateway import CallResult, ChargeRequest
-from paycron.policy import Decision
-from paycron.transitions import Claim, Finished
+from paycron.domain.enums import Outcome, Status
+from paycron.domain.policy import Decision
+from paycron.domain.processing import CallResult, ChargeRequest
+from paycron.store import transitions
+from paycron.store.transitions import Claim, Finished
 from tests.factories import insert_payment
 from tests.rows import event_types
 from tests.rows import payment as row_of

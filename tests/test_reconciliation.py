@@ -14,14 +14,14 @@ import pytest
 import sentry_sdk
 from click.testing import CliRunner
 
-from paycron import transitions
 from paycron.cli import main
-from paycron.enums import Outcome, Status
+from paycron.domain.enums import Outcome, Status
+from paycron.domain.ids import new_payment_id
+from paycron.domain.processing import CallResult
 from paycron.errors import GatewayError
-from paycron.gateway import CallResult
-from paycron.gateway_client import HttpGateway
-from paycron.ids import new_payment_id
-from paycron.observability import scrub
+from paycron.observability.sentry.sentry import scrub
+from paycron.processors.card.client import HttpGateway
+from paycron.store import transitions
 from reconciliation import run as run_module
 from reconciliation import store
 from reconciliation.diff import (

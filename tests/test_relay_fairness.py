@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from paycron import webhooks
+from paycron.store import webhooks
 from tests.factories import insert_event
 
 

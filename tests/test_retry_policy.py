@@ -1,4 +1,4 @@
-"""The next-state policy (paycron.policy) as tables: one row per case.
+"""The next-state policy (paycron.domain.policy) as tables: one row per case.
 
 Pure: no database, no gateway. After a call (``decide``): every call answer,
 with and without doubt, at the budget's edges. The budget here is four calls
@@ -18,9 +18,8 @@ import random
 import pytest
 
 from paycron.config import Config
-from paycron.enums import FailureReason, Outcome, Status
-from paycron.gateway import CallResult, Charge
-from paycron.policy import (
+from paycron.domain.enums import FailureReason, Outcome, Status
+from paycron.domain.policy import (
     DEFAULT_RATE_LIMIT_DELAY,
     KEY_IN_USE_LOOKUP_AFTER,
     KEY_IN_USE_MAX_DELAY,
@@ -36,6 +35,7 @@ from paycron.policy import (
     next_poll_delay,
     settlement_of,
 )
+from paycron.domain.processing import CallResult, Charge
 
 CONFIG = Config(retry_delays=(60.0, 300.0, 1800.0), retry_jitter=0.2, max_lease_expiries=3)
 BUDGET = CONFIG.max_gateway_calls
@@ -45,7 +45,7 @@ SPREAD = 1.5
 #: Seeded draws per row: the delay is random, its bounds are not.
 SEEDS = range(50)
 
-#: Each call answer as HttpGateway returns it (paycron.gateway_client), and the
+#: Each call answer as HttpGateway returns it (paycron.processors.card.client), and the
 #: executor's own NOT_SENT (the lease was too short to send the call).
 ANSWERS = {
     "succeeded": CallResult(Outcome.SUCCEEDED, gateway_ref="ch_1"),
@@ -59,7 +59,7 @@ ANSWERS = {
     "refused": CallResult(Outcome.RETRYABLE_ERROR, error_code="NewConnectionError"),
     "http_503": CallResult(Outcome.RETRYABLE_ERROR, error_code="http_503", in_doubt=True),
     "timeout": CallResult(Outcome.AMBIGUOUS, error_code="ReadTimeoutError", in_doubt=True),
-    # Stripe's answers (paycron.stripe_gateway's table) beside the fake's.
+    # Stripe's answers (paycron.processors.stripe.client's table) beside the fake's.
     "retry_decline": CallResult(Outcome.DECLINED, gateway_ref="pi_1", error_code="try_again_later",
                                 retry_decline=True),
     "customer_action": CallResult(Outcome.DECLINED, gateway_ref="pi_1",

@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from paycron import partitions
 from paycron.config import Config
-from paycron.db import connect
-from paycron.enums import FailureReason, Outcome, Status
-from paycron.ids import due_range
-from paycron.migrate import migrate, migration_files
+from paycron.domain.enums import FailureReason, Outcome, Status
+from paycron.domain.ids import due_range
 from paycron.sql import q
+from paycron.store import partitions
+from paycron.store.db import connect
+from paycron.store.migrate import migrate, migration_files
 from tests.conftest import create_database, drop_database
 from tests.factories import insert_payment
 

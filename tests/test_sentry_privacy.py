@@ -14,8 +14,8 @@ import psycopg
 import pytest
 import sentry_sdk
 
-from paycron import transitions
-from paycron.observability import redact_postgres_message, redact_tokens
+from paycron.observability.sentry.sentry import redact_postgres_message, redact_tokens
+from paycron.store import transitions
 from tests.conftest import future, iso
 from tests.factories import insert_payment
 from tests.support import CapturingTransport, refusing_writes_of

@@ -41,15 +41,15 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from paycron import transitions
 from paycron.config import Config
-from paycron.db import make_pool
-from paycron.enums import CancelOutcome, EventType, FailureReason, Outcome, Status
+from paycron.domain.enums import CancelOutcome, EventType, FailureReason, Outcome, Status
+from paycron.domain.policy import decide
+from paycron.engine.execution import look_up
 from paycron.errors import GatewayError
-from paycron.execution import look_up
-from paycron.gateway_client import CallResult, Charge
-from paycron.policy import decide
-from paycron.transitions import Claim, Finished
+from paycron.processors.card.client import CallResult, Charge
+from paycron.store import transitions
+from paycron.store.db import make_pool
+from paycron.store.transitions import Claim, Finished
 from tests.factories import insert_payment
 
 # -- The one call each of cancel and reap_expired: adapt them here ------------------

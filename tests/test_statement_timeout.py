@@ -8,7 +8,7 @@ import time
 import psycopg
 
 from paycron.config import Config
-from paycron.db import connect, make_pool
+from paycron.store.db import connect, make_pool
 from tests.factories import insert_payment
 
 

@@ -1,6 +1,6 @@
 """SPEC §12's answer table, one row per test, through the official SDK.
 
-paycron.stripe_gateway.StripeGateway (the real ``stripe`` SDK over our
+paycron.processors.stripe.client.StripeGateway (the real ``stripe`` SDK over our
 urllib3 transport) against a loopback server that answers each request as
 the test scripts it, in Stripe's wire format: so every row — also those the
 Stripe-shaped stub never gives (403, an unknown 409, a 200 in an unexpected
@@ -18,10 +18,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from paycron.config import STRIPE_API_VERSION
-from paycron.enums import FailureReason, Outcome
+from paycron.domain.enums import FailureReason, Outcome
+from paycron.domain.processing import ChargeRequest, LookupRequest
 from paycron.errors import GatewayError
-from paycron.gateway import ChargeRequest, LookupRequest
-from paycron.stripe_gateway import StripeGateway
+from paycron.processors.stripe.client import StripeGateway
 from tests.support import QuietHandler, serve_on_loopback
 
 KEY = "sk_test_scripted_0123456789"

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from paycron.breaker import BreakerState
+from paycron.limits.breaker import BreakerState
 from tests.engine import Engine
 from tests.factories import insert_payment, park
 from tests.rows import attempts_of, payment

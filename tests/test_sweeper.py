@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from paycron.breaker import BreakerState
+from paycron.limits.breaker import BreakerState
 from tests.engine import Engine
 from tests.factories import bulk_insert, insert_payment
 from tests.rows import count

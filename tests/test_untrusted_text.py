@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from paycron.cli import main
-from paycron.enums import Outcome
-from paycron.gateway import ChargeRequest
-from paycron.gateway_client import HttpGateway
+from paycron.domain.enums import Outcome
+from paycron.domain.processing import ChargeRequest
+from paycron.processors.card.client import HttpGateway
 from tests.factories import insert_payment
 
 

@@ -16,9 +16,9 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from paycron import webhooks
 from paycron.config import Config
-from paycron.db import make_pool
+from paycron.store import webhooks
+from paycron.store.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
 from tests.support import QuietHandler

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from paycron import webhooks
 from paycron.config import Config
-from paycron.db import connect
 from paycron.errors import LimitReached
+from paycron.store import webhooks
+from paycron.store.db import connect
 from web import create_app
 
 URL = "/v1/webhook-endpoints"

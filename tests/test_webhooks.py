@@ -17,10 +17,10 @@ import pytest
 from psycopg.rows import dict_row
 
 from devtools.procs import free_port
-from paycron import events, webhooks
 from paycron.config import Config
-from paycron.db import make_pool
 from paycron.errors import ConfigError
+from paycron.store import events, webhooks
+from paycron.store.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
 from tests.support import QuietHandler, serve_on_loopback
@@ -212,7 +212,7 @@ def test_delete_is_scoped_to_its_owner(client, alice, bob):
 
 def test_the_feed_shows_each_event_as_webhooks_post_it(client, alice, conn):
     """The feed dumps events through its EventSchema, the relay posts
-    ``paycron.events.to_wire``: one wire shape, as the document says."""
+    ``paycron.store.events.to_wire``: one wire shape, as the document says."""
     ids = [insert_event(conn, type=t) for t in ("payment.created", "payment.processing")]
     feed: list[dict] = []
 

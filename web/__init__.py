@@ -7,14 +7,14 @@ from datetime import datetime
 
 from flask import Flask
 
-from paycron.apikeys import PrincipalCache
-from paycron.breaker import CircuitBreaker
 from paycron.config import Config
-from paycron.db import make_pool, make_redis
-from paycron.gateway import build_gateway
-from paycron.observability import init_sentry
-from paycron.pacing import CallLimiter
-from paycron.rate_limits import ActorRateLimiter
+from paycron.limits.breaker import CircuitBreaker
+from paycron.limits.pacing import CallLimiter
+from paycron.limits.rate_limits import ActorRateLimiter
+from paycron.observability.sentry.sentry import init_sentry
+from paycron.processors.factory import build_gateway
+from paycron.store.apikeys import PrincipalCache
+from paycron.store.db import make_pool, make_redis
 from web import admin, console, events, gateway_events, health, metrics, payments, webhooks
 from web.api import Api
 from web.problems import register_error_handlers

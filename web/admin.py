@@ -11,8 +11,8 @@ from uuid import UUID
 from flask import current_app, g
 from marshmallow import Schema, fields, validate
 
-from paycron import dead_letters
-from paycron.ids import parse_payment_id
+from paycron.domain.ids import parse_payment_id
+from paycron.engine import dead_letters
 from web.api import Blueprint
 from web.auth import require_admin
 from web.problems import NOT_JSON, TOO_LARGE, problem

@@ -3,7 +3,7 @@
 Each decorator documents what it enforces (the security requirement, the
 401 and the 429), so no route can require a key without the document saying
 so. Once the key is known, the request is charged to its actor's rate limit
-(``paycron.rate_limits``); a request without a valid key is charged to no one.
+(``paycron.limits.rate_limits``); a request without a valid key is charged to no one.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from functools import wraps
 
 from flask import current_app, g, request
 
-from paycron.apikeys import Principal
+from paycron.store.apikeys import Principal
 from web.api import BEARER, Blueprint
 from web.problems import PROBLEM_JSON, Problem, ProblemSchema
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from flask import current_app, g
 from marshmallow import fields, validate
 
-from paycron import events
-from paycron.enums import Status
-from paycron.events import Position
+from paycron.domain.enums import Status
+from paycron.store import events
+from paycron.store.events import Position
 from web.api import Blueprint
 from web.auth import require_key
 from web.problems import problem
@@ -38,7 +38,7 @@ class FeedQuerySchema(Strict):
 
 
 class EventSchema(Answer):
-    """One entry of the feed; webhooks POST the same (``paycron.events.to_wire``)."""
+    """One entry of the feed; webhooks POST the same (``paycron.store.events.to_wire``)."""
 
     id = fields.Integer()
     type = fields.String(metadata={"description": "payment.created, payment.completed, ..."})

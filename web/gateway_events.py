@@ -17,7 +17,7 @@ import stripe
 from flask import current_app, request
 from marshmallow import fields
 
-from paycron import gateway_events
+from paycron.store import processor_events as gateway_events
 from web.api import Blueprint
 from web.problems import Problem, problem
 from web.schemas import Answer

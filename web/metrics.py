@@ -6,7 +6,7 @@ is unset (404): the web port is the public one. With
 ``PROMETHEUS_MULTIPROC_DIR`` set, it aggregates the counters of every
 process on the host that writes there (gunicorn workers, scheduler, Dramatiq
 workers); without it, this process's own counters. The database gauges are
-computed by :class:`paycron.metrics.DatabaseCollector`, at most once per
+computed by :class:`paycron.observability.metrics.DatabaseCollector`, at most once per
 ``Config.metrics_cache_seconds``.
 """
 
@@ -26,7 +26,7 @@ from prometheus_client import (
     multiprocess,
 )
 
-from paycron.metrics import DatabaseCollector
+from paycron.observability.sentry.metrics import DatabaseCollector
 from paycron.sql import q
 from web.problems import Problem
 

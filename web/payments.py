@@ -22,14 +22,15 @@ from marshmallow import (
     validates_schema,
 )
 
-from paycron import payments, stripe_amounts, transitions
 from paycron.config import Config
-from paycron.db import bounded_write
-from paycron.enums import CancelOutcome, Status
+from paycron.domain.enums import CancelOutcome, Status
+from paycron.domain.ids import parse_payment_id
+from paycron.domain.money import ISO_4217
 from paycron.errors import CancelRefused, NotFound, ValidationFailed
-from paycron.ids import parse_payment_id
-from paycron.money import ISO_4217
-from paycron.payments import NewPayment
+from paycron.processors.factory import amount_rules
+from paycron.store import payments, transitions
+from paycron.store.db import bounded_write
+from paycron.store.payments import NewPayment
 from web.api import Blueprint, document_schema, json_body, links
 from web.auth import require_key
 from web.bodies import headers, json_object, load
@@ -147,22 +148,22 @@ class CreatePaymentSchema(Strict):
         amount = self.fields["amount"]
         amount.validators = [*amount.validators, validate.Range(
             max=config.max_amount_minor, error="amount must be at most {max}")]
-        # Stripe's amount and currency rules, only where Stripe charges.
-        self.processor_rules = stripe_amounts if config.gateway == "stripe" else None
+        # The processor's own amount and currency rules, where it has some.
+        self.processor_rules = rules = amount_rules(config)
         if config.needs_customer:
             for name in ("payment_method", "customer"):
                 self.fields[name].require()
         texts = {**vars(config), "processor_fields": (
             "Required with this processor." if config.needs_customer else
             "Optional with this processor; null when absent.")}
-        if self.processor_rules is not None:
+        if rules is not None:
             currency = self.fields["currency"]
             currency.validators = [*currency.validators, validate.OneOf(
-                sorted(stripe_amounts.CURRENCIES & ISO_4217),
-                error=stripe_amounts.UNSUPPORTED_CURRENCY)]
-            amount.validators.append(validate.Range(max=stripe_amounts.MAX_AMOUNT, error=(
-                stripe_amounts.amount_problem(stripe_amounts.MAX_AMOUNT + 1, "USD"))))
-            texts["max_amount_minor"] = min(config.max_amount_minor, stripe_amounts.MAX_AMOUNT)
+                sorted(rules.CURRENCIES & ISO_4217),
+                error=rules.UNSUPPORTED_CURRENCY)]
+            amount.validators.append(validate.Range(max=rules.MAX_AMOUNT, error=(
+                rules.amount_problem(rules.MAX_AMOUNT + 1, "USD"))))
+            texts["max_amount_minor"] = min(config.max_amount_minor, rules.MAX_AMOUNT)
             amount.metadata = {**amount.metadata, "description": amount.metadata[
                 "description"] + STRIPE_AMOUNT_RULES}
         for field in self.fields.values():
@@ -180,7 +181,7 @@ class CreatePaymentSchema(Strict):
     @validates_schema(skip_on_field_errors=False)
     def _processor_accepts(self, data: dict, **kwargs) -> None:
         """The processor's own rules for the amount in its currency (Stripe:
-        :mod:`paycron.stripe_amounts`), once both loaded. A currency given is
+        :mod:`paycron.processors.stripe.amounts`), once both loaded. A currency given is
         checked by the field (so the document lists the processor's); the
         default, here."""
         if self.processor_rules is None or "currency" not in data:
@@ -297,7 +298,7 @@ def create():
     on this hot path.
 
     Every write here is bounded by ``WEB_STATEMENT_TIMEOUT``, its wait for
-    the synchronous standby included (:func:`paycron.db.bounded_write`): a
+    the synchronous standby included (:func:`paycron.store.db.bounded_write`): a
     create whose wait was cut, or whose connection was lost, answers 503
     OUTCOME_UNKNOWN, and a replay answers only a payment the standby holds.
     """

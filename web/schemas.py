@@ -17,9 +17,9 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields
 
-from paycron.enums import FailureReason, Outcome, Status
+from paycron.domain.enums import FailureReason, Outcome, Status
+from paycron.domain.money import is_minor_units
 from paycron.errors import NotFound
-from paycron.money import is_minor_units
 
 #: Postgres text cannot hold U+0000: a string containing it is refused here,
 #: not by the database (which would be a 500).

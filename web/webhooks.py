@@ -12,8 +12,8 @@ from uuid import UUID
 from flask import current_app, g
 from marshmallow import Schema, fields, validate
 
-from paycron import webhooks
 from paycron.errors import NotFound, ValidationFailed
+from paycron.store import webhooks
 from web.api import Blueprint, links
 from web.auth import require_key
 from web.problems import NOT_JSON, TOO_LARGE, problem

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from flask import Blueprint, Flask, render_template, request
 
-from paycron.breaker import CircuitBreaker
+from paycron.limits.breaker import CircuitBreaker
 from web.console import reads
 from web.console.session import ConsoleRefused, ConsoleSessionInterface, csrf_token
 

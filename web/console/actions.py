@@ -1,6 +1,6 @@
 """The dead-letter actions: re-drive, refund, dismiss, and a re-drive of a
 selection. Each is confirmed on a page of its own (a plain form: no script
-needed), then done by ``paycron.dead_letters`` itself, recorded with the
+needed), then done by ``paycron.engine.dead_letters`` itself, recorded with the
 signed-in operator's actor."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import uuid
 
 from flask import current_app, flash, g, redirect, render_template, request, url_for
 
-from paycron import dead_letters
+from paycron.domain.ids import parse_payment_id
+from paycron.engine import dead_letters
 from paycron.errors import DeadLetterActionRefused, GatewayError, NotFound
-from paycron.ids import parse_payment_id
 from web.console import bp, reads
 from web.console.session import ConsoleRefused
 

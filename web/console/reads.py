@@ -1,6 +1,6 @@
 """What the console's pages read: bounded, indexed queries (``console.sql``)
-and the domain's own reads where one fits (``paycron.stats``,
-``paycron.payments``)."""
+and the domain's own reads where one fits (``paycron.store.stats``,
+``paycron.store.payments``)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 from psycopg import Connection
 
-from paycron import partitions, payments, stats
-from paycron.ids import due_range
-from paycron.partitions import day_start
+from paycron.domain.ids import due_range
 from paycron.sql import parse_blocks, q
+from paycron.store import partitions, payments, stats
+from paycron.store.partitions import day_start
 
 QUERIES = parse_blocks((Path(__file__).parent / "console.sql").read_text())
 
@@ -41,7 +41,7 @@ _EPOCH_MS = timedelta(milliseconds=1)
 
 def id_floor(when: datetime) -> uuid.UUID:
     """The smallest payment id due at ``when``'s millisecond or later: ids
-    carry their due time in their leading 48 bits (``paycron.ids``)."""
+    carry their due time in their leading 48 bits (``paycron.domain.ids``)."""
     millis = (when - datetime(1970, 1, 1, tzinfo=when.tzinfo)) // _EPOCH_MS
     return uuid.UUID(int=max(0, millis) << 80)
 

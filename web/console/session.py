@@ -4,7 +4,7 @@ The cookie (``paycron_console``, path ``/console``) holds the key's row id,
 the operator's sign-in time and a CSRF token, signed with
 ``CONSOLE_SECRET_KEY`` (itsdangerous, through Flask's session); never the
 key. On every request the key id is checked through the API's own
-:class:`paycron.apikeys.PrincipalCache`, so a revoked key ends its sessions
+:class:`paycron.store.apikeys.PrincipalCache`, so a revoked key ends its sessions
 as soon as it stops working on the API (``API_KEY_CACHE_SECONDS``), and a
 session ends ``CONSOLE_SESSION_MINUTES`` after its sign-in whatever is done
 in it. ``HttpOnly``, ``SameSite=Strict``, and ``Secure`` unless the console
@@ -28,7 +28,7 @@ from flask import Flask, current_app, g, request, session
 from flask.sessions import SecureCookieSessionInterface
 from itsdangerous import URLSafeTimedSerializer
 
-from paycron.apikeys import Principal
+from paycron.store.apikeys import Principal
 
 PREFIX = "/console"
 COOKIE = "paycron_console"

@@ -7,8 +7,8 @@ from datetime import date
 
 from flask import current_app, flash, redirect, render_template, request, session, url_for
 
-from paycron.enums import Status
-from paycron.ids import parse_payment_id
+from paycron.domain.enums import Status
+from paycron.domain.ids import parse_payment_id
 from web.console import bp, charts, page_cursor, reads
 from web.console.session import ConsoleRefused, check_csrf, current_operator
 from web.console.session import sign_in as start_session

@@ -18,14 +18,14 @@ import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from paycron import policy
 from paycron.config import Config
-from paycron.enums import CancelOutcome, Status
-from paycron.gateway import CallResult
-from paycron.ids import due_range
-from paycron.payments import get_payment
-from paycron.policy import Decision
+from paycron.domain import policy
+from paycron.domain.enums import CancelOutcome, Status
+from paycron.domain.ids import due_range
+from paycron.domain.policy import Decision
+from paycron.domain.processing import CallResult
 from paycron.sql import q
+from paycron.store.payments import get_payment
 
 log = logging.getLogger("paycron.transitions")
 

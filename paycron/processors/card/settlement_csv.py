@@ -11,8 +11,8 @@ import csv
 import io
 from datetime import UTC, datetime
 
+from paycron.domain.processing import Charge
 from paycron.errors import GatewayError
-from paycron.gateway import Charge
 
 COLUMNS = ("charge_id", "idempotency_key", "reference", "amount", "currency", "status",
            "created_at")

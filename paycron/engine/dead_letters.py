@@ -15,15 +15,16 @@ from dataclasses import dataclass
 
 from psycopg import Connection
 
-from paycron import lookups, transitions
 from paycron.config import Config
-from paycron.enums import Outcome, Resolution, Status
+from paycron.domain.enums import Outcome, Resolution, Status
+from paycron.domain.ids import due_range
+from paycron.domain.policy import Answer
+from paycron.engine import lookups
 from paycron.errors import DeadLetterActionRefused, NotFound
-from paycron.gateway import Gateway
-from paycron.ids import due_range
-from paycron.payments import get_payment
-from paycron.policy import Answer
+from paycron.processors.base import Gateway
 from paycron.sql import q
+from paycron.store import transitions
+from paycron.store.payments import get_payment
 
 
 @dataclass(frozen=True)

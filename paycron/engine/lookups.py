@@ -2,7 +2,7 @@
 
 One function for every caller (a worker before parking, a re-drive, a
 refund, reconciliation): it lists what the processor holds for the payment
-id under any key generation, and :func:`paycron.policy.judge_lookup` gives
+id under any key generation, and :func:`paycron.domain.policy.judge_lookup` gives
 the answer. *None* is conclusive only once the payment's in-flight bound
 (``calls_land_by``) has passed, or when no call of it was ever in doubt.
 """
@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
-from paycron.gateway import Gateway, LookupRequest
-from paycron.policy import Lookup, judge_lookup
+from paycron.domain.policy import Lookup, judge_lookup
+from paycron.domain.processing import LookupRequest
+from paycron.processors.base import Gateway
 
 #: Listed from the payment's due time less this (clock skew between us and
 #: the processor): no call of a payment is made before it is due.

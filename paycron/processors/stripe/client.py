@@ -8,7 +8,7 @@ the SDK raises ``APIError`` for a 409 and a 5xx alike — in the one table of
 :func:`classify_error`, beside :func:`classify_intent` for a 200.
 
 The SDK runs with ``max_network_retries=0`` (Postgres is the only retry
-layer), a pinned API version, and :class:`~paycron.stripe_http.PooledHttpClient`
+layer), a pinned API version, and :class:`~paycron.processors.stripe.transport.PooledHttpClient`
 (a total timeout per call). The secret key stays inside the SDK's client:
 it is never logged, and this object's ``repr`` does not show it.
 """
@@ -16,7 +16,6 @@ it is never logged, and this object's ``repr`` does not show it.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -24,9 +23,8 @@ from typing import Any
 import stripe
 
 from paycron.config import Config
-from paycron.enums import FailureReason, Outcome
-from paycron.errors import GatewayError
-from paycron.gateway import (
+from paycron.domain.enums import FailureReason, Outcome
+from paycron.domain.processing import (
     FAILED,
     PROCESSING,
     REFUNDED,
@@ -37,8 +35,9 @@ from paycron.gateway import (
     LookupRequest,
     Refund,
 )
-from paycron.gateway_client import RETRY_AFTER_BOUNDS, error_code_of
-from paycron.stripe_http import NotSent, PooledHttpClient
+from paycron.errors import GatewayError
+from paycron.processors.stripe.transport import NotSent, PooledHttpClient
+from paycron.processors.wire import error_code_of, retry_after
 
 log = logging.getLogger("paycron.stripe")
 
@@ -49,7 +48,7 @@ PAGE_SIZE = 100
 #: Decline codes and advice after which Stripe advises trying again later.
 RETRYABLE_DECLINES = frozenset({"processing_error", "try_again_later"})
 
-#: Intent statuses as the engine's processor-side statuses (paycron.gateway).
+#: Intent statuses as the engine's processor-side statuses (paycron.processors.base).
 INTENT_STATUSES = {
     "succeeded": SUCCEEDED,
     "processing": PROCESSING,
@@ -61,17 +60,6 @@ INTENT_STATUSES = {
 }
 #: Charge statuses likewise (a refunded charge is REFUNDED: see _charge_status).
 CHARGE_STATUSES = {"succeeded": SUCCEEDED, "pending": PROCESSING, "failed": FAILED}
-
-
-def _retry_after(headers: Mapping[str, str] | None) -> float | None:
-    try:
-        seconds = float((headers or {}).get("Retry-After") or "")
-    except ValueError:
-        return None
-    if not math.isfinite(seconds) or seconds < 0:
-        return None
-    low, high = RETRY_AFTER_BOUNDS
-    return min(max(seconds, low), high)
 
 
 def _intent_id(error: Mapping[str, Any]) -> str | None:
@@ -100,7 +88,7 @@ def classify_error(status: int | None, error: Mapping[str, Any],
                           retry_decline=retry and intent is not None)
     if status == 429 or (status == 400 and code == "rate_limit"):
         return CallResult(Outcome.RATE_LIMITED, error_code="rate_limited",
-                          retry_after=_retry_after(headers))
+                          retry_after=retry_after(headers))
     if status == 409 and code == "idempotency_key_in_use":
         return CallResult(Outcome.KEY_IN_USE, error_code="idempotency_key_in_use",
                           in_doubt=True)

@@ -14,7 +14,7 @@ from psycopg import Connection
 
 from paycron.sql import q
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 #: Arbitrary but fixed: the advisory lock key every migrate run shares.
 MIGRATE_LOCK_KEY = 0x70617963  # "payc"
 

@@ -1,6 +1,6 @@
 """Creating and reading payments (the write path's only non-transition).
 
-Status changes live in :mod:`paycron.transitions`; this module creates a
+Status changes live in :mod:`paycron.store.transitions`; this module creates a
 payment (idempotently) and reads payments for their payer.
 """
 
@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 
 from psycopg import Connection
 
+from paycron.domain.ids import due_range, new_payment_id
 from paycron.errors import CustomerNotYours, IdempotencyKeyReused, PaycronError
-from paycron.ids import due_range, new_payment_id
 from paycron.sql import q
 
 #: Sorts after every real (created_at, id): the keyset start of page one.
@@ -216,6 +216,6 @@ def confirm_replicated(conn: Connection, *, actor: str, key: str) -> None:
     primary alone, and its row is visible there; its retry finds it. This
     rewrites the key's row, so the retry's own commit waits for the standby
     (which then holds everything the primary committed before it): under
-    :func:`paycron.db.bounded_write`, a retry answers the payment only once
+    :func:`paycron.store.db.bounded_write`, a retry answers the payment only once
     it would survive a failover, else OUTCOME_UNKNOWN again."""
     conn.execute(q("touch_idempotency_key"), {"actor": actor, "key": key})

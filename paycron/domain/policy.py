@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from paycron.config import Config
-from paycron.enums import FailureReason, Outcome, Status
-from paycron.gateway import FAILED, PROCESSING, REFUNDED, SUCCEEDED, CallResult, Charge
+from paycron.domain.enums import FailureReason, Outcome, Status
+from paycron.domain.processing import FAILED, PROCESSING, REFUNDED, SUCCEEDED, CallResult, Charge
 
 #: A 429 without Retry-After waits this long (seconds) before the next claim.
 DEFAULT_RATE_LIMIT_DELAY = 1.0

@@ -1,33 +1,15 @@
-"""The processor interface the engine sees, with typed requests and answers.
-
-Execution, dead letters and reconciliation speak only this; each processor
-is one adapter module (:mod:`paycron.gateway_client` for the fake gateway,
-:mod:`paycron.stripe_gateway` for Stripe) built by :func:`build_gateway` in
-a process's composition root. Every answer of a processor maps to one
-:class:`CallResult`, so the worker never interprets HTTP.
+"""What a processor is asked and what it answers, as plain values: the
+request of a charge or a lookup, the result of a call, a processor-side
+payment and a refund. Every processor adapter maps its wire answers to
+these, so the policy and the engine never interpret HTTP.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Protocol
 
-import redis
-
-from paycron.config import Config
-from paycron.enums import FailureReason, Outcome
-from paycron.pacing import CallLimiter
-
-log = logging.getLogger("paycron.gateway")
-
-
-def gateway_key(payment_id: object, generation: int) -> str:
-    """The idempotency key of a payment's key generation (SPEC §3): the
-    payment id for the first, ``<id>:<n>`` after."""
-    return str(payment_id) if generation <= 1 else f"{payment_id}:{generation}"
+from paycron.domain.enums import FailureReason, Outcome
 
 
 @dataclass(frozen=True)
@@ -56,7 +38,7 @@ class CallResult:
     it again). ``retry_decline``: the processor advises trying the decline
     again later. ``failure_reason``: a definitive refusal's reason where it
     is not a plain decline. Whether it uses budget is the policy's rule
-    (paycron/policy.py), not the call's.
+    (paycron/domain/policy.py), not the call's.
     """
 
     outcome: Outcome
@@ -138,58 +120,3 @@ class Refund:
     id: str
     amount: int
     idempotency_key: str
-
-
-class Gateway(Protocol):
-    #: The processor's name, recorded on every payment it is called for.
-    name: str
-
-    def charge(self, request: ChargeRequest, *, timeout: float | None = None) -> CallResult:
-        """One charge call; ``timeout`` (seconds, total) shortens the
-        configured one, so a call never outlives its lease."""
-
-    def find_charges(self, request: LookupRequest) -> list[Charge]:
-        """Every payment the processor holds for the reference (raises
-        :class:`~paycron.errors.GatewayError` when it cannot tell)."""
-
-    def retrieve(self, charge_id: str) -> Charge:
-        """One processor-side payment as the processor holds it now (a
-        strongly consistent read; raises GatewayError when it cannot tell)."""
-
-    def refund(self, charge: Charge) -> Refund:
-        """Refund a charge, keyed from what it refunds (so a retry refunds once)."""
-
-    def settlement_report(self, day: date) -> list[Charge]:
-        """Every charge the processor created on ``day`` (UTC), any status."""
-
-    def close(self) -> None: ...
-
-
-def build_gateway(config: Config, *, max_connections: int = 64,
-                  call_limiter: CallLimiter | None = None) -> Gateway:
-    """The processor adapter this configuration names, for a composition root.
-    ``call_limiter``: the shared per-second window every request that is not
-    a charge (lookups, refunds, report pages) takes a token from."""
-    if config.gateway == "stripe":
-        from paycron.stripe_gateway import StripeGateway
-
-        return StripeGateway.from_config(config, max_connections=max_connections,
-                                         take_token=_token_taker(call_limiter))
-    from paycron.gateway_client import HttpGateway
-
-    return HttpGateway(config.gateway_url, timeout=config.gateway_timeout_seconds,
-                       max_connections=max_connections)
-
-
-def _token_taker(limiter: CallLimiter | None) -> Callable[[], None] | None:
-    if limiter is None:
-        return None
-
-    def take() -> None:
-        try:
-            limiter.acquire_some(1)
-        except redis.RedisError as exc:  # an operator's lookup must not wait on Redis
-            log.warning("call window unavailable (%s): request sent unpaced",
-                        type(exc).__name__)
-
-    return take

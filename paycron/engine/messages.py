@@ -15,7 +15,7 @@ from datetime import datetime
 
 import dramatiq
 
-from paycron.transitions import Claim
+from paycron.store.transitions import Claim
 
 #: The worker's actor that executes a group of claims.
 EXECUTE_ACTOR = "execute_payments"

@@ -5,7 +5,7 @@ gateway-event service then applies it, or polls a waiting payment whose event
 never came. Either way the processor-side payment is **retrieved** first —
 an event is a hint, never the truth — and :func:`settle` decides from what
 the processor holds now, writing only through the fenced CAS of
-:func:`paycron.transitions.settle_awaiting`.
+:func:`paycron.store.transitions.settle_awaiting`.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from enum import StrEnum
 
 from psycopg import Connection
 
-from paycron import transitions
-from paycron.enums import Status
-from paycron.gateway import Charge
-from paycron.ids import parse_payment_id
-from paycron.payments import get_payment
-from paycron.policy import CHARGED_STATUSES, Settlement, settlement_of
+from paycron.domain.enums import Status
+from paycron.domain.ids import parse_payment_id
+from paycron.domain.policy import CHARGED_STATUSES, Settlement, settlement_of
+from paycron.domain.processing import Charge
 from paycron.sql import q
+from paycron.store import transitions
+from paycron.store.payments import get_payment
 
 log = logging.getLogger("paycron.gateway_events")
 

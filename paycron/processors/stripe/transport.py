@@ -7,7 +7,7 @@ timeout at construction), set by the adapter around each call; one
 thread-safe keep-alive pool shared by a worker's call threads; and errors
 that say whether the request left us (a refused connection is a definitive
 non-charge). urllib3 because it is the cheapest client measured here
-(paycron/gateway_client.py's note) and already a dependency.
+(paycron/processors/card/client.py's note) and already a dependency.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from collections.abc import Iterator, Mapping
 import stripe
 import urllib3
 
-#: The request never left us: the processor cannot have executed it.
-NOT_SENT = (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError,
-            urllib3.exceptions.EmptyPoolError)
+from paycron.processors.wire import NOT_SENT
 
 
 class NotSent(stripe.APIConnectionError):

@@ -24,8 +24,8 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from paycron.execution import Executor
-from paycron.transitions import Claim
+from paycron.engine.execution import Executor
+from paycron.store.transitions import Claim
 
 log = logging.getLogger("paycron.inflight")
 

@@ -1,21 +1,21 @@
 """The fake gateway's adapter: its (Stripe-like) card API over urllib3.
 
-One implementation of :class:`paycron.gateway.Gateway`; every answer maps to
-one :class:`~paycron.gateway.CallResult` (:func:`classify`).
+One implementation of :class:`paycron.processors.base.Gateway`; every answer maps to
+one :class:`~paycron.processors.base.CallResult` (:func:`classify`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from datetime import UTC, date, datetime
 
 import urllib3
 
-from paycron.enums import Outcome
+from paycron.domain.enums import Outcome
+from paycron.domain.processing import CallResult, Charge, ChargeRequest, LookupRequest, Refund
 from paycron.errors import GatewayError
-from paycron.gateway import CallResult, Charge, ChargeRequest, LookupRequest, Refund
-from paycron.settlement_csv import parse_report
+from paycron.processors.card.settlement_csv import parse_report
+from paycron.processors.wire import NOT_SENT, error_code_of, retry_after
 
 
 def _json(response: urllib3.BaseHTTPResponse):
@@ -25,44 +25,11 @@ def _json(response: urllib3.BaseHTTPResponse):
         return None
 
 
-#: A decline code is a short machine token; anything longer is not one.
-MAX_ERROR_CODE_LENGTH = 64
-
-
-def error_code_of(value: object) -> str:
-    """The gateway's error code as we store it: its text is untrusted (it
-    reaches payers' attempts and operators' terminals), so printable ASCII
-    without spaces, every other character as ``_``, at most
-    MAX_ERROR_CODE_LENGTH; ``declined`` when there is no such text."""
-    if not isinstance(value, str):
-        return "declined"
-    code = "".join(c if "!" <= c <= "~" else "_" for c in value[:MAX_ERROR_CODE_LENGTH])
-    return code if code.strip("_") else "declined"
-
-
 def _declined(response: urllib3.BaseHTTPResponse) -> str:
     try:
         return error_code_of(_json(response)["error"]["code"])
     except (KeyError, TypeError):
         return "declined"
-
-
-#: A Retry-After is honoured within these bounds (seconds): a gateway that
-#: says 0 must not be hammered, one that says a year must not park the schedule.
-RETRY_AFTER_BOUNDS = (1.0, 3600.0)
-
-
-def _retry_after(response: urllib3.BaseHTTPResponse) -> float | None:
-    """The 429's ``Retry-After`` in seconds, clamped to RETRY_AFTER_BOUNDS;
-    None when absent or absurd (not a number, infinite, NaN, negative)."""
-    try:
-        seconds = float(response.headers["Retry-After"])
-    except (KeyError, ValueError):
-        return None
-    if not math.isfinite(seconds) or seconds < 0:
-        return None
-    low, high = RETRY_AFTER_BOUNDS
-    return min(max(seconds, low), high)
 
 
 def _charge_id(response: urllib3.BaseHTTPResponse) -> str | None:
@@ -86,7 +53,7 @@ def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
         return CallResult(Outcome.DECLINED, error_code=_declined(response))
     if status == 429:
         return CallResult(Outcome.RATE_LIMITED, error_code="rate_limited",
-                          retry_after=_retry_after(response))
+                          retry_after=retry_after(response.headers))
     if status == 409:
         # Our key is being processed by another request (a zombie's call, or
         # one the processor still runs after our timeout): its outcome is
@@ -103,11 +70,6 @@ def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
     # Any other 4xx is our bug or a gateway contract change: retry within the
     # budget, then park for a human rather than guess a decline.
     return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}")
-
-
-#: The request never left us: a definitive non-charge.
-_NOT_SENT = (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError,
-             urllib3.exceptions.EmptyPoolError)
 
 
 class HttpGateway:
@@ -151,7 +113,7 @@ class HttpGateway:
                       "reference": request.reference},
                 headers={"Idempotency-Key": request.idempotency_key}, timeout=limit,
             )
-        except _NOT_SENT as exc:
+        except NOT_SENT as exc:
             return CallResult(Outcome.RETRYABLE_ERROR, error_code=type(exc).__name__)
         except urllib3.exceptions.HTTPError as exc:
             # Sent, then no answer (timeout, dropped connection): never guess.

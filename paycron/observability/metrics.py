@@ -23,7 +23,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from paycron.partitions import days_ahead
+from paycron.store.partitions import days_ahead
 
 log = logging.getLogger("paycron.metrics")
 

@@ -7,7 +7,7 @@ renew its lease and write its ``IN_FLIGHT`` attempt row; commit; make the
 batch's calls **concurrently** (no Postgres connection is held meanwhile),
 each with the payment id as the idempotency key, each checking just before
 it sends that its lease still covers its whole timeout; decide each
-payment's next state (paycron/policy.py); in one statement, record every
+payment's next state (paycron/domain/policy.py); in one statement, record every
 outcome and CAS every payment fenced on its attempt. A crash anywhere
 leaves rows that the reaper returns and the gateway's idempotency collapses
 into the one charge.
@@ -24,14 +24,18 @@ from datetime import UTC, datetime
 
 from psycopg_pool import ConnectionPool
 
-from paycron import lookups, metrics, policy
-from paycron.breaker import BreakerState, CircuitBreaker
 from paycron.config import Config
-from paycron.enums import FailureReason, Outcome, Status
-from paycron.gateway import CallResult, ChargeRequest, Gateway, gateway_key
-from paycron.pacing import CallLimiter
-from paycron.policy import Answer, Decision
-from paycron.transitions import Claim, Finished, finish, release, start
+from paycron.domain import policy
+from paycron.domain.enums import FailureReason, Outcome, Status
+from paycron.domain.keys import gateway_key
+from paycron.domain.policy import Answer, Decision
+from paycron.domain.processing import CallResult, ChargeRequest
+from paycron.engine import lookups
+from paycron.limits.breaker import BreakerState, CircuitBreaker
+from paycron.limits.pacing import CallLimiter
+from paycron.observability.sentry import metrics
+from paycron.processors.base import Gateway
+from paycron.store.transitions import Claim, Finished, finish, release, start
 
 log = logging.getLogger("paycron.execution")
 

@@ -4,7 +4,7 @@
 --
 -- Every statement names the due_at values or bounds it needs as parameters,
 -- so the planner prunes partitions at plan time (sessions run with
--- plan_cache_mode = force_custom_plan, see paycron/db.py).
+-- plan_cache_mode = force_custom_plan, see paycron/store/db.py).
 
 -- name: cancel
 -- PENDING -> CANCELLED, only while no earlier call may have charged.
@@ -245,7 +245,7 @@ SELECT id FROM released;
 -- name: lock_expired
 -- The reap, step 1 (one transaction with reap_locked): lock up to
 -- %(limit)s PROCESSING rows whose lease ran out, with what the policy needs
--- to decide their next state (paycron.policy.after_lease_expiry): their
+-- to decide their next state (paycron.domain.policy.after_lease_expiry): their
 -- counters, and whether their attempt's call was still IN_FLIGHT (it may
 -- have landed). SKIP LOCKED: a row its worker is finishing right now is
 -- left to that worker.
@@ -345,7 +345,7 @@ SELECT id, attempt FROM completed;
 -- name: redrive
 -- A parked payment back to PENDING with a fresh budget and the next key
 -- generation (the processor may replay a stored answer for the old key),
--- after a lookup found nothing conclusively (paycron.dead_letters). Only
+-- after a lookup found nothing conclusively (paycron.engine.dead_letters). Only
 -- RETRIES_EXHAUSTED and LEASE_EXPIRED_REPEATEDLY: a decline needs a new
 -- payment.
 WITH redriven AS (

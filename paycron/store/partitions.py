@@ -14,8 +14,8 @@ from psycopg import Connection, sql
 from psycopg.errors import LockNotAvailable
 
 from paycron.config import Config
-from paycron.migrate import schema_lock
 from paycron.sql import q
+from paycron.store.migrate import schema_lock
 
 _NAME = re.compile(r"^payments_p(\d{8})$")
 

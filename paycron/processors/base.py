@@ -1,0 +1,41 @@
+"""The processor interface the engine sees.
+
+Execution, dead letters and reconciliation speak only this; each processor
+is one sub-package implementing it (:mod:`paycron.processors.card`,
+:mod:`paycron.processors.stripe`), built by
+:func:`paycron.processors.factory.build_gateway` in a process's composition
+root. The requests and answers it carries are the domain's values
+(:mod:`paycron.domain.processing`).
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Protocol
+
+from paycron.domain.processing import CallResult, Charge, ChargeRequest, LookupRequest, Refund
+
+
+class Gateway(Protocol):
+    #: The processor's name, recorded on every payment it is called for.
+    name: str
+
+    def charge(self, request: ChargeRequest, *, timeout: float | None = None) -> CallResult:
+        """One charge call; ``timeout`` (seconds, total) shortens the
+        configured one, so a call never outlives its lease."""
+
+    def find_charges(self, request: LookupRequest) -> list[Charge]:
+        """Every payment the processor holds for the reference (raises
+        :class:`~paycron.errors.GatewayError` when it cannot tell)."""
+
+    def retrieve(self, charge_id: str) -> Charge:
+        """One processor-side payment as the processor holds it now (a
+        strongly consistent read; raises GatewayError when it cannot tell)."""
+
+    def refund(self, charge: Charge) -> Refund:
+        """Refund a charge, keyed from what it refunds (so a retry refunds once)."""
+
+    def settlement_report(self, day: date) -> list[Charge]:
+        """Every charge the processor created on ``day`` (UTC), any status."""
+
+    def close(self) -> None: ...
