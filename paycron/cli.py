@@ -16,7 +16,7 @@ from paycron.domain.ids import parse_payment_id
 from paycron.engine import dead_letters
 from paycron.errors import ConfigError, PaycronError
 from paycron.limits.pacing import CallLimiter
-from paycron.observability.sentry.sentry import init_sentry
+from paycron.observability.sentry import init_sentry
 from paycron.processors.factory import build_gateway
 from paycron.store import apikeys, partitions
 from paycron.store.db import connect, make_redis

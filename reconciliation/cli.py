@@ -16,7 +16,7 @@ import click
 from paycron.config import Config
 from paycron.errors import ConfigError
 from paycron.limits.pacing import CallLimiter
-from paycron.observability.sentry.sentry import configure_logging, init_sentry
+from paycron.observability.sentry import configure_logging, init_sentry
 from paycron.processors.factory import build_gateway
 from paycron.store.db import connect, make_redis
 from reconciliation.errors import ReconciliationError

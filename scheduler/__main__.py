@@ -23,8 +23,8 @@ from paycron.config import Config
 from paycron.engine.messages import execute_message
 from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter, ClaimPacer
-from paycron.observability.sentry.metrics import serve_metrics
-from paycron.observability.sentry.sentry import configure_logging, init_sentry
+from paycron.observability.metrics import serve_metrics
+from paycron.observability.sentry import configure_logging, init_sentry
 from paycron.processors.factory import build_gateway
 from paycron.store.db import make_pool, make_redis
 from scheduler.gateway_events import GatewayEventService

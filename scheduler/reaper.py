@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
-from paycron.observability.sentry import metrics
+from paycron.observability import metrics
 from paycron.store.transitions import reap_expired
 from scheduler.service import PeriodicService
 

@@ -22,7 +22,7 @@ from psycopg_pool import ConnectionPool
 from paycron.config import Config
 from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import ClaimPacer
-from paycron.observability.sentry import metrics
+from paycron.observability import metrics
 from paycron.store.transitions import Claim, claim_due, count_queued, release
 from scheduler.service import PeriodicService
 

@@ -9,7 +9,7 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
 from paycron.config import Config
-from paycron.observability.sentry.sentry import init_sentry
+from paycron.observability.sentry import init_sentry
 
 config = Config.from_env()
 init_sentry(config, component="worker")

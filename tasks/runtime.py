@@ -12,7 +12,7 @@ from paycron.engine.execution import Executor
 from paycron.engine.inflight import Dispatcher, InFlightLimit
 from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter
-from paycron.observability.sentry.metrics import serve_metrics
+from paycron.observability.metrics import serve_metrics
 from paycron.processors.factory import build_gateway
 from paycron.store.db import make_pool, make_redis
 

@@ -9,6 +9,7 @@ import os
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -103,7 +104,7 @@ def gateway(gateway_server):
 @pytest.fixture
 def engine(config, gateway):
     """Sweeper, executor and reaper in-process against the real gateway."""
-    from tests.engine import Engine
+    from tests.inprocess import Engine
 
     eng = Engine(config)
     yield eng
@@ -126,7 +127,7 @@ def config(database_url, redis_url, request) -> Config:
                   gateway_url=gateway_url, gateway_timeout_seconds=2, lease_seconds=30,
                   retry_delays=(0.0, 0.0, 0.0, 0.0, 0.0), circuit_min_calls=1000,
                   webhook_allow_private_hosts=True,  # the test receivers are on loopback
-                  # No test but tests/test_rate_limits.py should ever meet the limiter.
+                  # No test but tests/limits/test_rate_limits.py should ever meet the limiter.
                   api_rate_limit=1_000_000, api_rate_burst=1_000_000)
 
 
@@ -217,7 +218,7 @@ def sentry(config):
     that keeps every envelope (tests.support.CapturingTransport)."""
     import sentry_sdk
 
-    from paycron.observability.sentry.sentry import init_sentry
+    from paycron.observability.sentry import init_sentry
     from tests.support import CapturingTransport
 
     transport = CapturingTransport()
@@ -234,3 +235,16 @@ def future(seconds: float = 3600) -> datetime:
 
 def iso(when: datetime) -> str:
     return when.isoformat()
+
+
+#: Test folders whose tests start processes (servers, workers, a browser) or
+#: run harnesses: the slow lane. Everything else is the fast lane.
+SLOW_FOLDERS = ("processes",)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(__file__).resolve().parent
+    for item in items:
+        folder = item.path.resolve().relative_to(root).parts[0]
+        if folder in SLOW_FOLDERS or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)

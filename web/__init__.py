@@ -11,7 +11,7 @@ from paycron.config import Config
 from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter
 from paycron.limits.rate_limits import ActorRateLimiter
-from paycron.observability.sentry.sentry import init_sentry
+from paycron.observability.sentry import init_sentry
 from paycron.processors.factory import build_gateway
 from paycron.store.apikeys import PrincipalCache
 from paycron.store.db import make_pool, make_redis

@@ -26,7 +26,7 @@ from prometheus_client import (
     multiprocess,
 )
 
-from paycron.observability.sentry.metrics import DatabaseCollector
+from paycron.observability.metrics import DatabaseCollector
 from paycron.sql import q
 from web.problems import Problem
 

@@ -5,7 +5,7 @@ After a gateway call (:func:`decide`), after its lease expired
 (:func:`judge_lookup` gives its four answers, :func:`after_lookup` where they
 send the payment). Pure functions of the payment's counters and what
 happened, so every rule is table-tested without a database or a gateway
-(tests/test_retry_policy.py); the transitions module only writes what these
+(tests/domain/test_retry_policy.py); the transitions module only writes what these
 decide, each write one guarded UPDATE.
 """
 

@@ -33,7 +33,7 @@ from paycron.domain.processing import CallResult, ChargeRequest
 from paycron.engine import lookups
 from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import CallLimiter
-from paycron.observability.sentry import metrics
+from paycron.observability import metrics
 from paycron.processors.base import Gateway
 from paycron.store.transitions import Claim, Finished, finish, release, start
 

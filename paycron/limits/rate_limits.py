@@ -26,7 +26,7 @@ import redis
 
 from paycron.config import Config
 from paycron.errors import RateLimited
-from paycron.observability.sentry.metrics import RATE_LIMITER_ERRORS
+from paycron.observability.metrics import RATE_LIMITER_ERRORS
 
 log = logging.getLogger("paycron.rate_limits")
 

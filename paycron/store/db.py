@@ -66,7 +66,7 @@ def connection_kwargs(*, statement_timeout: float | None = None,
     session sets ``statement_timeout=0`` itself, whatever the server's or
     role's default. A statement timeout never covers a commit's wait for the
     synchronous standby (Postgres disables it before committing: measured,
-    tests/test_failover.py), so the web bounds that wait itself
+    tests/store/test_failover.py), so the web bounds that wait itself
     (:func:`bounded_write`); the sweeper and workers never cut it (SPEC §15:
     a cancelled wait does not undo the commit).
 

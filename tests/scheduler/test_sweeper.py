@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from paycron.limits.breaker import BreakerState
-from tests.engine import Engine
 from tests.factories import bulk_insert, insert_payment
+from tests.inprocess import Engine
 from tests.rows import count
 from tests.support import Clock
 

@@ -17,7 +17,7 @@ import pytest
 
 from paycron.store import partitions
 from tests.factories import insert_payment, park
-from tests.test_schema import scanned_partitions
+from tests.store.test_schema import scanned_partitions
 from web.console import reads
 from web.console.reads import QUERIES
 

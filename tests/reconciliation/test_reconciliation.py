@@ -19,7 +19,7 @@ from paycron.domain.enums import Outcome, Status
 from paycron.domain.ids import new_payment_id
 from paycron.domain.processing import CallResult
 from paycron.errors import GatewayError
-from paycron.observability.sentry.sentry import scrub
+from paycron.observability.sentry import scrub
 from paycron.processors.card.client import HttpGateway
 from paycron.store import transitions
 from reconciliation import run as run_module
@@ -35,8 +35,8 @@ from reconciliation.diff import (
 )
 from reconciliation.errors import ReconciliationError
 from reconciliation.report import COLUMNS, ReportCharge, parse_report
-from tests.engine import Engine
 from tests.factories import add_attempt, insert_payment, park
+from tests.inprocess import Engine
 from tests.rows import attempts_of, letter, payment
 from tests.support import CapturingTransport
 

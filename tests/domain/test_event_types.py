@@ -12,7 +12,7 @@ import pytest
 from paycron.domain.enums import EventType
 from tests.factories import insert_event
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _check_values(conn) -> set[str]:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 import sentry_sdk
 
-from paycron.observability.sentry.sentry import redact_postgres_message, redact_tokens
+from paycron.observability.sentry import redact_postgres_message, redact_tokens
 from paycron.store import transitions
 from tests.conftest import future, iso
 from tests.factories import insert_payment

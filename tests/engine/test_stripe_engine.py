@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from paycron.limits.breaker import BreakerState
-from tests.engine import Engine
 from tests.factories import insert_payment, park
+from tests.inprocess import Engine
 from tests.rows import attempts_of, payment
 
 CUSTOMER = "cus_engine_1"

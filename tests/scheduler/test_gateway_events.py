@@ -17,8 +17,8 @@ import pytest
 from devtools.fake_gateway import STRIPE_API_KEY
 from paycron.processors.factory import build_gateway
 from scheduler.gateway_events import GatewayEventService
-from tests.engine import Engine
 from tests.factories import insert_payment
+from tests.inprocess import Engine
 from tests.rows import attempts_of, count, event_types, payment
 
 SECRET = "whsec_paycron"  # the stub's default signing secret

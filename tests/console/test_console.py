@@ -1,6 +1,6 @@
 """The operator console through Flask's test client: who may see it, the
 session and CSRF rules, and each page and action on seeded rows (the same
-scenarios in a real browser: tests/test_console_browser.py)."""
+scenarios in a real browser: tests/processes/test_console_browser.py)."""
 
 from __future__ import annotations
 

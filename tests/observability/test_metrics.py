@@ -10,12 +10,12 @@ import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from paycron.observability.sentry.metrics import DatabaseCollector
+from paycron.observability.metrics import DatabaseCollector
 from paycron.sql import q
 from tests.factories import insert_payment, park
 from tests.support import Clock
 
-RULES = Path(__file__).resolve().parents[1] / "ops" / "prometheus" / "alerts.yml"
+RULES = Path(__file__).resolve().parents[2] / "ops" / "prometheus" / "alerts.yml"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
              "gauge": ("",), "summary": ("", "_sum", "_count")}
 

@@ -14,8 +14,8 @@ replays that answer.
 
 One assumption: a zombie's call has settled at the gateway by the time its
 lease is reaped. The engine no longer needs it (a re-drive now waits for a
-conclusive "none", past the calls' in-flight bound: tests/test_dead_letters.py
-and tests/test_in_flight_bound.py), but this model does not yet model time,
+conclusive "none", past the calls' in-flight bound: tests/engine/test_dead_letters.py
+and tests/engine/test_in_flight_bound.py), but this model does not yet model time,
 key generations or the Stripe answers; a rewrite that does is in progress.
 
 The CHECK constraints are Postgres's to enforce: a transition that would

@@ -2,7 +2,7 @@
 private primary with a synchronous standby (bench.servers.ReplicatedPostgres:
 the system's PostgreSQL binaries, as the ``postgres`` user). The whole
 system through a failover is bench/failover.py (``--short`` in
-tests/test_failover_short.py)."""
+tests/processes/test_failover_short.py)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from paycron.cli import main
-from tests.engine import Engine
 from tests.factories import insert_payment
+from tests.inprocess import Engine
 from tests.rows import payment
 
 CUSTOMER = "cus_recon"

@@ -33,7 +33,7 @@ from paycron.store.transitions import Claim
 from tests.factories import insert_payment, park
 from tests.support import QuietHandler, refusing_writes_of, serve_on_loopback
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: A port nothing listens on: connections to it are refused at once.
 DEAD_URL_PORT = 9
 

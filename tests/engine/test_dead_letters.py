@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from paycron.cli import main
-from tests.engine import Engine
 from tests.factories import add_attempt, insert_payment, park
+from tests.inprocess import Engine
 from tests.rows import letter, payment
 
 

@@ -10,7 +10,7 @@ import pytest
 from paycron.config import STRIPE_API_VERSION, Config
 from paycron.errors import ConfigError
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 SETTINGS = [f.name.upper() for f in fields(Config) if "parse" in f.metadata]
 
 
