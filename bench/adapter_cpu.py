@@ -36,9 +36,17 @@ def cpu_seconds() -> float:
 
 
 def measure(name: str, gateway, charges: int, threads: int) -> dict:
-    requests = [ChargeRequest(reference=str(uuid.uuid4()), idempotency_key=str(uuid.uuid4()),
-                              amount=2500, currency="USD", customer="cus_bench",
-                              payment_method="pm_card_visa") for _ in range(charges)]
+    requests = [
+        ChargeRequest(
+            reference=str(uuid.uuid4()),
+            idempotency_key=str(uuid.uuid4()),
+            amount=2500,
+            currency="USD",
+            customer="cus_bench",
+            payment_method="pm_card_visa",
+        )
+        for _ in range(charges)
+    ]
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(gateway.charge, requests[:threads]))  # warm: connections, imports
         cpu, wall = cpu_seconds(), time.monotonic()
@@ -46,8 +54,13 @@ def measure(name: str, gateway, charges: int, threads: int) -> dict:
         cpu, wall = cpu_seconds() - cpu, time.monotonic() - wall
     made = len(results)
     ok = sum(r.outcome is Outcome.SUCCEEDED for r in results)
-    return {"name": name, "charges": made, "succeeded": ok, "cpu_ms": 1000 * cpu / made,
-            "rate": made / wall}
+    return {
+        "name": name,
+        "charges": made,
+        "succeeded": ok,
+        "cpu_ms": 1000 * cpu / made,
+        "rate": made / wall,
+    }
 
 
 def main() -> None:
@@ -59,27 +72,34 @@ def main() -> None:
     port = free_port()
     procs = ProcessGroup(Path(mkdtemp(prefix="paycron-adapter-cpu-")), {})
     try:
-        wait_http(f"http://127.0.0.1:{port}/healthz",
-                  procs.start("gateway", gateway_args(port)))
+        wait_http(f"http://127.0.0.1:{port}/healthz", procs.start("gateway", gateway_args(port)))
         handle = GatewayHandle(f"http://127.0.0.1:{port}")
         handle.faults(latency_ms=args.latency_ms)
         fake = HttpGateway(handle.url, timeout=10, max_connections=args.threads)
-        sdk = StripeGateway(api_key=STRIPE_API_KEY, api_base=handle.stripe_url,
-                            api_version=STRIPE_API_VERSION, timeout=10,
-                            max_connections=args.threads)
-        rows = [measure("fake card API, urllib3 (HttpGateway)", fake, args.charges,
-                        args.threads),
-                measure("Stripe SDK over urllib3 (StripeGateway)", sdk, args.charges,
-                        args.threads)]
+        sdk = StripeGateway(
+            api_key=STRIPE_API_KEY,
+            api_base=handle.stripe_url,
+            api_version=STRIPE_API_VERSION,
+            timeout=10,
+            max_connections=args.threads,
+        )
+        rows = [
+            measure("fake card API, urllib3 (HttpGateway)", fake, args.charges, args.threads),
+            measure("Stripe SDK over urllib3 (StripeGateway)", sdk, args.charges, args.threads),
+        ]
         fake.close()
         sdk.close()
     finally:
         procs.stop()
-    print(f"{args.charges} charges each, {args.threads} threads, {args.latency_ms} ms "
-          "at the fake; CPU of this (client) process only")
+    print(
+        f"{args.charges} charges each, {args.threads} threads, {args.latency_ms} ms "
+        "at the fake; CPU of this (client) process only"
+    )
     for row in rows:
-        print(f"  {row['name']:42} {row['cpu_ms']:6.2f} ms CPU per charge, "
-              f"{row['rate']:6.0f} charges/s, {row['succeeded']}/{row['charges']} succeeded")
+        print(
+            f"  {row['name']:42} {row['cpu_ms']:6.2f} ms CPU per charge, "
+            f"{row['rate']:6.0f} charges/s, {row['succeeded']}/{row['charges']} succeeded"
+        )
     print(f"  the SDK costs {rows[1]['cpu_ms'] / rows[0]['cpu_ms']:.1f}x the CPU per charge")
 
 

@@ -66,19 +66,24 @@ class Load:
     def __init__(self, base: str, key: str, rate: float, seed: int):
         self.base, self.rate = base, rate
         self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-        self.http = urllib3.PoolManager(maxsize=32, retries=False,
-                                        timeout=urllib3.Timeout(connect=2, read=10))
+        self.http = urllib3.PoolManager(
+            maxsize=32, retries=False, timeout=urllib3.Timeout(connect=2, read=10)
+        )
         self.rng = random.Random(seed)
         self.tally = Tally()
         self.stop = threading.Event()
 
-    def _call(self, method: str, path: str, body: dict | None = None,
-              extra: dict | None = None) -> tuple[int | None, dict | None]:
+    def _call(
+        self, method: str, path: str, body: dict | None = None, extra: dict | None = None
+    ) -> tuple[int | None, dict | None]:
         started = time.perf_counter()
         try:
-            response = self.http.request(method, self.base + path,
-                                         body=json.dumps(body).encode() if body else None,
-                                         headers={**self.headers, **(extra or {})})
+            response = self.http.request(
+                method,
+                self.base + path,
+                body=json.dumps(body).encode() if body else None,
+                headers={**self.headers, **(extra or {})},
+            )
         except urllib3.exceptions.HTTPError as exc:
             self.tally.record(type(exc).__name__, time.perf_counter() - started, True)
             return None, None
@@ -101,14 +106,18 @@ class Load:
     def create(self) -> None:
         key = f"churn-{self.rng.getrandbits(64):016x}"
         due = datetime.now(UTC) + timedelta(days=self.rng.randint(1, 300))
-        body = {"payee": "merchant", "amount": self.rng.randint(100, 10_000),
-                "dueAt": due.isoformat()}
+        body = {
+            "payee": "merchant",
+            "amount": self.rng.randint(100, 10_000),
+            "dueAt": due.isoformat(),
+        }
         with self.tally.lock:
             self.tally.create_keys.append(key)
 
         def attempt():
-            status, answer = self._call("POST", "/v1/scheduled-payments", body,
-                                        {"Idempotency-Key": key})
+            status, answer = self._call(
+                "POST", "/v1/scheduled-payments", body, {"Idempotency-Key": key}
+            )
             if status == 201:
                 with self.tally.lock:
                     known = self.tally.created.setdefault(key, answer["id"])
@@ -133,8 +142,7 @@ class Load:
     def cancel(self) -> None:
         payment_id = self._known_id()
         if payment_id:
-            self._with_retries(
-                lambda: self._call("DELETE", f"/v1/scheduled-payments/{payment_id}"))
+            self._with_retries(lambda: self._call("DELETE", f"/v1/scheduled-payments/{payment_id}"))
 
     def run(self, threads: int) -> None:
         operations = [self.create] * 40 + [self.get] * 25 + [self.list] * 20 + [self.cancel] * 15
@@ -147,8 +155,7 @@ class Load:
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.monotonic()))
 
-        workers = [threading.Thread(target=client, args=(n,), daemon=True)
-                   for n in range(threads)]
+        workers = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(threads)]
         for w in workers:
             w.start()
         self.workers = workers
@@ -181,10 +188,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=60.0, help="requests per second")
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--web-workers", type=int, default=5,
-                        help="gunicorn --workers (default: the Procfile's)")
-    parser.add_argument("--web-threads", type=int, default=4,
-                        help="gunicorn --threads (default: the Procfile's)")
+    parser.add_argument(
+        "--web-workers", type=int, default=5, help="gunicorn --workers (default: the Procfile's)"
+    )
+    parser.add_argument(
+        "--web-threads", type=int, default=4, help="gunicorn --threads (default: the Procfile's)"
+    )
     args = parser.parse_args()
 
     pg, redis_server = PrivatePostgres(), PrivateRedis()
@@ -199,10 +208,12 @@ def main() -> None:
             ensure_partitions(conn, config)
             key, _ = create_api_key(conn, "churn")
         port = free_port()
-        procs = ProcessGroup(logdir, {"DATABASE_URL": pg.url, "REDIS_URL": redis_server.url,
-                                      **UNLIMITED_API})
-        master = procs.start("web", web_args(port, workers=args.web_workers,
-                                             threads=args.web_threads))
+        procs = ProcessGroup(
+            logdir, {"DATABASE_URL": pg.url, "REDIS_URL": redis_server.url, **UNLIMITED_API}
+        )
+        master = procs.start(
+            "web", web_args(port, workers=args.web_workers, threads=args.web_threads)
+        )
         base = f"http://127.0.0.1:{port}"
         wait_http(base + "/readyz", master)
         load = Load(base, key, args.rate, args.seed)
@@ -230,8 +241,9 @@ def main() -> None:
             w.join(timeout=15)
         tally = load.tally
         with connect(config) as conn:
-            rows = conn.execute("SELECT key, payment_id::text AS id FROM idempotency_keys "
-                                "WHERE actor = 'churn'").fetchall()
+            rows = conn.execute(
+                "SELECT key, payment_id::text AS id FROM idempotency_keys WHERE actor = 'churn'"
+            ).fetchall()
         in_db = {r["key"]: r["id"] for r in rows}
         lost = [k for k, pid in tally.created.items() if in_db.get(k) != pid]
         created_unseen = [k for k in tally.create_keys if k in in_db and k not in tally.created]
@@ -245,19 +257,25 @@ def main() -> None:
     latencies = sorted(tally.latencies)
     p50 = statistics.median(latencies) * 1000
     p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-    print(f"ran {args.minutes:.1f} min at ~{args.rate:.0f} req/s with {args.threads} clients; "
-          f"churn: {churn}")
+    print(
+        f"ran {args.minutes:.1f} min at ~{args.rate:.0f} req/s with {args.threads} clients; "
+        f"churn: {churn}"
+    )
     print(f"requests sent                  : {tally.sent}")
-    print(f"failed (5xx or connection)     : {tally.failed} "
-          f"({tally.failed / max(1, tally.sent) * 10_000:.1f} per 10,000; target <= 5)")
+    print(
+        f"failed (5xx or connection)     : {tally.failed} "
+        f"({tally.failed / max(1, tally.sent) * 10_000:.1f} per 10,000; target <= 5)"
+    )
     print(f"failed after client retry      : {tally.failed_after_retry}")
     print(f"latency p50 / p99              : {p50:.1f} / {p99:.1f} ms")
     print(f"answers by status              : {dict(sorted(tally.by_status.items()))}")
     print(f"creates answered 201           : {len(tally.created)} of {len(tally.create_keys)}")
     print(f"201s missing or different in db: {len(lost)}")
     print(f"payments per idempotency key   : 1 (primary key); rows for our keys: {len(in_db)}")
-    print(f"creates that landed unanswered : {len(created_unseen)} (their retries were "
-          f"answered by replays)")
+    print(
+        f"creates that landed unanswered : {len(created_unseen)} (their retries were "
+        f"answered by replays)"
+    )
     print(f"/readyz 503 while Postgres down: {down}; 200 after: {up}")
 
 

@@ -113,8 +113,10 @@ class Result:
 
     def cpu_ms_per_request(self) -> str:
         n = max(1, self.requests)
-        return (f"server {1000 * self.server_cpu_s / n:.2f} ms + database "
-                f"{1000 * self.db_cpu_s / n:.2f} ms CPU per request")
+        return (
+            f"server {1000 * self.server_cpu_s / n:.2f} ms + database "
+            f"{1000 * self.db_cpu_s / n:.2f} ms CPU per request"
+        )
 
 
 def _proc_cpu(pid: int) -> float:
@@ -143,18 +145,31 @@ def session_cpu(session: int) -> float:
 def backend_cpu(admin_url: str, dbname: str) -> float:
     """CPU seconds of the Postgres backends connected to ``dbname`` (same host)."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        pids = [r[0] for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (dbname,))]
+        pids = [
+            r[0]
+            for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (dbname,),
+            )
+        ]
     return sum(_proc_cpu(pid) for pid in pids)
 
 
 class Server:
     """One gunicorn (the Procfile's web command) serving ``app``."""
 
-    def __init__(self, name: str, app: str, env: dict[str, str], *, workers: int,
-                 threads: int, logdir: Path, keep_alive: int | None = None,
-                 worker_class: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        app: str,
+        env: dict[str, str],
+        *,
+        workers: int,
+        threads: int,
+        logdir: Path,
+        keep_alive: int | None = None,
+        worker_class: str | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = web_args(self.port, workers=workers, threads=threads)
@@ -187,60 +202,109 @@ class Wrk:
         self.due = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0).isoformat()
         self.runs = 0
 
-    def run(self, url: str, *, seconds: float, connections: int, threads: int = 2,
-            mean_delay_ms: float = 0.0, cpu=None) -> Result:
+    def run(
+        self,
+        url: str,
+        *,
+        seconds: float,
+        connections: int,
+        threads: int = 2,
+        mean_delay_ms: float = 0.0,
+        cpu=None,
+    ) -> Result:
         self.runs += 1
         script = self.workdir / f"create-{self.runs}.lua"
         prefix = f"bench-{uuid.uuid4().hex[:8]}"
-        script.write_text(LUA.replace("@TOKEN@", self.token).replace("@DUE@", self.due)
-                          .replace("@PREFIX@", prefix))
+        script.write_text(
+            LUA.replace("@TOKEN@", self.token)
+            .replace("@DUE@", self.due)
+            .replace("@PREFIX@", prefix)
+        )
         before = cpu() if cpu else (0.0, 0.0)
         out = subprocess.run(
-            ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds:g}s",
-             "--timeout", "10s", "-s", str(script), url, "--", f"{mean_delay_ms:.3f}"],
-            capture_output=True, text=True, check=True).stdout
+            [
+                "wrk",
+                "-t",
+                str(threads),
+                "-c",
+                str(connections),
+                "-d",
+                f"{seconds:g}s",
+                "--timeout",
+                "10s",
+                "-s",
+                str(script),
+                url,
+                "--",
+                f"{mean_delay_ms:.3f}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         after = cpu() if cpu else (0.0, 0.0)
         match = re.search(r"^RESULT (.*)$", out, re.M)
         if match is None:
             raise RuntimeError(f"wrk said:\n{out}")
         f = {k: float(v) for k, v in (p.split("=") for p in match.group(1).split())}
         errors = int(f["status"] + f["connect"] + f["read"] + f["write"] + f["timeout"])
-        return Result(requests=int(f["requests"]), seconds=f["duration_us"] / 1e6,
-                      errors=errors, p50_ms=f["p50"] / 1000, p90_ms=f["p90"] / 1000,
-                      p99_ms=f["p99"] / 1000, max_ms=f["max"] / 1000,
-                      mean_ms=f["mean"] / 1000, server_cpu_s=after[0] - before[0],
-                      db_cpu_s=after[1] - before[1])
+        return Result(
+            requests=int(f["requests"]),
+            seconds=f["duration_us"] / 1e6,
+            errors=errors,
+            p50_ms=f["p50"] / 1000,
+            p90_ms=f["p90"] / 1000,
+            p99_ms=f["p99"] / 1000,
+            max_ms=f["max"] / 1000,
+            mean_ms=f["mean"] / 1000,
+            server_cpu_s=after[0] - before[0],
+            db_cpu_s=after[1] - before[1],
+        )
 
 
 def saturate(server: Server, wrk: Wrk, args, cpu=None) -> Result:
     """Closed-loop creates/s of one server after a warm-up; stops the server."""
     try:
         wrk.run(server.url, seconds=3, connections=args.connections)
-        return wrk.run(server.url, seconds=args.seconds, connections=args.connections,
-                       cpu=lambda: (server.cpu(), cpu() if cpu else 0.0))
+        return wrk.run(
+            server.url,
+            seconds=args.seconds,
+            connections=args.connections,
+            cpu=lambda: (server.cpu(), cpu() if cpu else 0.0),
+        )
     finally:
         server.stop()
 
 
 def describe(r: Result) -> str:
-    return (f"{r.rate:7.0f} creates/s ({r.requests} in {r.seconds:.1f} s, non-201/errors "
-            f"{r.errors}); latency p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, max "
-            f"{r.max_ms:.1f} ms; {r.cpu_ms_per_request()}")
+    return (
+        f"{r.rate:7.0f} creates/s ({r.requests} in {r.seconds:.1f} s, non-201/errors "
+        f"{r.errors}); latency p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, max "
+        f"{r.max_ms:.1f} ms; {r.cpu_ms_per_request()}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=20.0,
-                        help="length of each saturation measurement")
+    parser.add_argument(
+        "--seconds", type=float, default=20.0, help="length of each saturation measurement"
+    )
     parser.add_argument("--latency-seconds", type=float, default=30.0)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--paced-connections", type=int, default=8)
     parser.add_argument("--workers", type=int, default=5, help="gunicorn --workers")
     parser.add_argument("--threads", type=int, default=4, help="gunicorn --threads")
-    parser.add_argument("--keep-alive", type=int, default=None,
-                        help="override gunicorn --keep-alive (default: the Procfile's)")
-    parser.add_argument("--worker-class", default=None,
-                        help="override gunicorn --worker-class (default: the Procfile's)")
+    parser.add_argument(
+        "--keep-alive",
+        type=int,
+        default=None,
+        help="override gunicorn --keep-alive (default: the Procfile's)",
+    )
+    parser.add_argument(
+        "--worker-class",
+        default=None,
+        help="override gunicorn --worker-class (default: the Procfile's)",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="paycron-api-bench-"))
     namespace = f"paycron-bench-{uuid.uuid4().hex[:8]}"
@@ -249,18 +313,32 @@ def main() -> None:
             token, _ = create_api_key(conn, "bench-client")
         dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
         admin_url = psycopg.conninfo.make_conninfo(url, dbname="postgres")
-        env = {"DATABASE_URL": url, "REDIS_URL": REDIS_URL, "REDIS_NAMESPACE": namespace,
-               "GATEWAY_URL": "http://127.0.0.1:9", "SENTRY_DSN": "", **UNLIMITED_API}
+        env = {
+            "DATABASE_URL": url,
+            "REDIS_URL": REDIS_URL,
+            "REDIS_NAMESPACE": namespace,
+            "GATEWAY_URL": "http://127.0.0.1:9",
+            "SENTRY_DSN": "",
+            **UNLIMITED_API,
+        }
         wrk = Wrk(token, workdir)
-        shape = {"workers": args.workers, "threads": args.threads, "logdir": workdir,
-                 "keep_alive": args.keep_alive, "worker_class": args.worker_class}
-        bare_sat = saturate(Server("bare", "bench.bare_app:create_app()", env, **shape),
-                            wrk, args)
+        shape = {
+            "workers": args.workers,
+            "threads": args.threads,
+            "logdir": workdir,
+            "keep_alive": args.keep_alive,
+            "worker_class": args.worker_class,
+        }
+        bare_sat = saturate(Server("bare", "bench.bare_app:create_app()", env, **shape), wrk, args)
         insert_sat = saturate(
             Server("bare-insert", "bench.bare_app:create_app(insert=True)", env, **shape),
-            wrk, args, cpu=lambda: backend_cpu(admin_url, dbname))
+            wrk,
+            args,
+            cpu=lambda: backend_cpu(admin_url, dbname),
+        )
         web = Server("web", "web:create_app()", env, **shape)
         try:
+
             def cpu():
                 return web.cpu(), backend_cpu(admin_url, dbname)
 
@@ -273,8 +351,9 @@ def main() -> None:
             pilot = wrk.run(web.url, seconds=5, connections=c, mean_delay_ms=delay)
             cycle = c * 1000 / pilot.rate  # ms per request per connection, as measured
             delay = max(1.0, delay + (c * 1000 / target - cycle))
-            half = wrk.run(web.url, seconds=args.latency_seconds, connections=c,
-                           mean_delay_ms=delay, cpu=cpu)
+            half = wrk.run(
+                web.url, seconds=args.latency_seconds, connections=c, mean_delay_ms=delay, cpu=cpu
+            )
             with connect(Config(database_url=url)) as conn:
                 created = conn.execute("SELECT count(*) AS n FROM payments").fetchone()["n"]
         finally:
@@ -287,24 +366,38 @@ def main() -> None:
     shutil.rmtree(workdir, ignore_errors=True)
     command = " ".join(["gunicorn", *web.args[2:-3], repr(web.args[-1])])
     as_procfile = (args.workers, args.threads, args.keep_alive, args.worker_class) == (
-        5, 4, None, None)
-    print(f"server: {command} ({'the Procfile' if as_procfile else 'overridden'}), same for "
-          f"both apps; {os.cpu_count()} cores")
-    print(f"load: wrk, 2 threads, {args.connections} connections, {args.seconds:g} s after a "
-          f"3 s warm-up; a new Idempotency-Key per request")
+        5,
+        4,
+        None,
+        None,
+    )
+    print(
+        f"server: {command} ({'the Procfile' if as_procfile else 'overridden'}), same for "
+        f"both apps; {os.cpu_count()} cores"
+    )
+    print(
+        f"load: wrk, 2 threads, {args.connections} connections, {args.seconds:g} s after a "
+        f"3 s warm-up; a new Idempotency-Key per request"
+    )
     print(f"bare Flask (parse JSON, 201) : {describe(bare_sat)}")
     print(f"bare Flask + the create SQL  : {describe(insert_sat)}")
     print(f"paycron create at saturation : {describe(sat)}")
     ratio = sat.rate / bare_sat.rate
-    print(f"ratio paycron / bare         : {ratio:.2f}   (target >= 0.5: "
-          f"{'met' if ratio >= 0.5 else 'MISSED'})")
-    print(f"ratio bare + SQL / bare      : {insert_sat.rate / bare_sat.rate:.2f}   (the durable "
-          f"write alone; paycron / bare + SQL: {sat.rate / insert_sat.rate:.2f})")
-    print(f"paycron at half saturation   : target {target:.0f}/s, achieved {half.rate:.0f}/s "
-          f"({c} connections, exponential think time {delay:.1f} ms mean, "
-          f"{args.latency_seconds:g} s): p50 {half.p50_ms:.1f} ms, p90 {half.p90_ms:.1f} ms, "
-          f"p99 {half.p99_ms:.1f} ms, max {half.max_ms:.1f} ms, non-201/errors {half.errors}  "
-          f"(target p99 < 50 ms: {'met' if half.p99_ms < 50 else 'MISSED'})")
+    print(
+        f"ratio paycron / bare         : {ratio:.2f}   (target >= 0.5: "
+        f"{'met' if ratio >= 0.5 else 'MISSED'})"
+    )
+    print(
+        f"ratio bare + SQL / bare      : {insert_sat.rate / bare_sat.rate:.2f}   (the durable "
+        f"write alone; paycron / bare + SQL: {sat.rate / insert_sat.rate:.2f})"
+    )
+    print(
+        f"paycron at half saturation   : target {target:.0f}/s, achieved {half.rate:.0f}/s "
+        f"({c} connections, exponential think time {delay:.1f} ms mean, "
+        f"{args.latency_seconds:g} s): p50 {half.p50_ms:.1f} ms, p90 {half.p90_ms:.1f} ms, "
+        f"p99 {half.p99_ms:.1f} ms, max {half.max_ms:.1f} ms, non-201/errors {half.errors}  "
+        f"(target p99 < 50 ms: {'met' if half.p99_ms < 50 else 'MISSED'})"
+    )
     print(f"payments created in the private database: {created}", file=sys.stderr)
 
 

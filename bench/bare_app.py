@@ -49,19 +49,30 @@ def _insert_statement():
 
     from paycron.sql import q
 
-    pool = ConnectionPool(os.environ["DATABASE_URL"], min_size=1, max_size=10,
-                          kwargs={"autocommit": True}, open=True)
+    pool = ConnectionPool(
+        os.environ["DATABASE_URL"], min_size=1, max_size=10, kwargs={"autocommit": True}, open=True
+    )
     statement = q("create_payment")
 
     def write(payment: dict, key: str, raw_body: bytes) -> None:
         due_at = datetime.fromisoformat(payment["dueAt"])
         with pool.connection() as conn:
-            conn.execute(statement, {
-                "actor": "bench-bare", "key": key,
-                "request_hash": hashlib.sha256(raw_body).digest(), "id": payment["id"],
-                "due_at": due_at, "payee": payment["payee"],
-                "amount_minor": payment["amount"], "currency": "USD", "run_at": due_at,
-                "payment_method": None, "customer": None, "processor": "fake",
-            }).fetchone()
+            conn.execute(
+                statement,
+                {
+                    "actor": "bench-bare",
+                    "key": key,
+                    "request_hash": hashlib.sha256(raw_body).digest(),
+                    "id": payment["id"],
+                    "due_at": due_at,
+                    "payee": payment["payee"],
+                    "amount_minor": payment["amount"],
+                    "currency": "USD",
+                    "run_at": due_at,
+                    "payment_method": None,
+                    "customer": None,
+                    "processor": "fake",
+                },
+            ).fetchone()
 
     return write

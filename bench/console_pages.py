@@ -62,45 +62,92 @@ def load(conn, n: int) -> dict:
             failed = pid
     with conn.transaction():
         with conn.cursor().copy(
-                "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at, "
-                "status, failure_reason, in_doubt, attempt, failures, created_at) "
-                "FROM STDIN") as copy:
+            "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at, "
+            "status, failure_reason, in_doubt, attempt, failures, created_at) "
+            "FROM STDIN"
+        ) as copy:
             for pid, due, payer, status, reason, doubt in rows:
-                copy.write_row((pid, due, payer, "shop", 2500, "USD", due, status, reason,
-                                doubt, 0 if status == "PENDING" else 1,
-                                6 if reason == "RETRIES_EXHAUSTED" else 0, due))
+                copy.write_row(
+                    (
+                        pid,
+                        due,
+                        payer,
+                        "shop",
+                        2500,
+                        "USD",
+                        due,
+                        status,
+                        reason,
+                        doubt,
+                        0 if status == "PENDING" else 1,
+                        6 if reason == "RETRIES_EXHAUSTED" else 0,
+                        due,
+                    )
+                )
         with conn.cursor().copy(
-                "COPY idempotency_keys (actor, key, request_hash, payment_id, due_at, "
-                "created_at) FROM STDIN") as copy:
+            "COPY idempotency_keys (actor, key, request_hash, payment_id, due_at, "
+            "created_at) FROM STDIN"
+        ) as copy:
             for pid, due, payer, *_ in rows:
                 if payer == PAYER:
-                    copy.write_row((payer, str(pid), hashlib.sha256(pid.bytes).digest(), pid,
-                                    due, due - timedelta(days=1)))
+                    copy.write_row(
+                        (
+                            payer,
+                            str(pid),
+                            hashlib.sha256(pid.bytes).digest(),
+                            pid,
+                            due,
+                            due - timedelta(days=1),
+                        )
+                    )
         with conn.cursor().copy(
-                "COPY attempts (payment_id, attempt, gateway_key, started_at, finished_at, "
-                "outcome, due_at) FROM STDIN") as copy:
+            "COPY attempts (payment_id, attempt, gateway_key, started_at, finished_at, "
+            "outcome, due_at) FROM STDIN"
+        ) as copy:
             for pid, due, _, status, *_ in rows:
                 if status != "PENDING" and now - timedelta(hours=2) <= due:
                     started = due + timedelta(seconds=rng.expovariate(1 / 1.5))
-                    copy.write_row((pid, 1, str(pid), started, started + timedelta(
-                        milliseconds=300), "SUCCEEDED" if status == "COMPLETED"
-                        else "AMBIGUOUS", due))
+                    copy.write_row(
+                        (
+                            pid,
+                            1,
+                            str(pid),
+                            started,
+                            started + timedelta(milliseconds=300),
+                            "SUCCEEDED" if status == "COMPLETED" else "AMBIGUOUS",
+                            due,
+                        )
+                    )
         with conn.cursor().copy(
-                "COPY dead_letters (payment_id, due_at, payer, reason, last_error, created_at) "
-                "FROM STDIN") as copy:
+            "COPY dead_letters (payment_id, due_at, payer, reason, last_error, created_at) "
+            "FROM STDIN"
+        ) as copy:
             for pid, due, payer in parked:
                 copy.write_row((pid, due, payer, "RETRIES_EXHAUSTED", "timeout", due))
-        conn.execute("INSERT INTO webhook_endpoints (actor, url, secret) "
-                     "SELECT 'payer-' || (g % 500), 'https://hooks.example/' || g, 'whsec_b' "
-                     "FROM generate_series(1, 1000) g")
-        conn.execute("INSERT INTO payment_events (payment_id, payer, type, status, attempt) "
-                     "SELECT gen_random_uuid(), 'payer-' || (g % 500), 'payment.created', "
-                     "'PENDING', 0 FROM generate_series(1, 100000) g")
-        conn.execute("INSERT INTO reconciliation_runs (day, source, finished_at, charges_seen) "
-                     "SELECT current_date - g, 'gateway', now(), 1000 "
-                     "FROM generate_series(1, 30) g")
-    for table in ("payments", "idempotency_keys", "attempts", "dead_letters",
-                  "webhook_endpoints", "payment_events", "reconciliation_runs"):
+        conn.execute(
+            "INSERT INTO webhook_endpoints (actor, url, secret) "
+            "SELECT 'payer-' || (g % 500), 'https://hooks.example/' || g, 'whsec_b' "
+            "FROM generate_series(1, 1000) g"
+        )
+        conn.execute(
+            "INSERT INTO payment_events (payment_id, payer, type, status, attempt) "
+            "SELECT gen_random_uuid(), 'payer-' || (g % 500), 'payment.created', "
+            "'PENDING', 0 FROM generate_series(1, 100000) g"
+        )
+        conn.execute(
+            "INSERT INTO reconciliation_runs (day, source, finished_at, charges_seen) "
+            "SELECT current_date - g, 'gateway', now(), 1000 "
+            "FROM generate_series(1, 30) g"
+        )
+    for table in (
+        "payments",
+        "idempotency_keys",
+        "attempts",
+        "dead_letters",
+        "webhook_endpoints",
+        "payment_events",
+        "reconciliation_runs",
+    ):
         conn.execute(f"ANALYZE {table}")
     return {"parked": len(parked), "failed": failed, "some": rows[len(rows) // 2][0]}
 
@@ -127,17 +174,25 @@ def run(payments: int, requests: int) -> None:
             seeded = load(conn, payments)
             loaded = time.perf_counter() - loaded_at
             key, _ = apikeys.create_api_key(conn, "bench-ops", admin=True)
-        config = Config.from_env({
-            "DATABASE_URL": url, "REDIS_URL": REDIS_URL,
-            "REDIS_NAMESPACE": f"paycron-bench-{uuid.uuid4().hex[:8]}",
-            "CONSOLE_SECRET_KEY": "bench-console-secret-0123456789abcdef"})
+        config = Config.from_env(
+            {
+                "DATABASE_URL": url,
+                "REDIS_URL": REDIS_URL,
+                "REDIS_NAMESPACE": f"paycron-bench-{uuid.uuid4().hex[:8]}",
+                "CONSOLE_SECRET_KEY": "bench-console-secret-0123456789abcdef",
+            }
+        )
         app = create_app(config)
         try:
             client = app.test_client()
             page = client.get("/console/sign-in").get_data(as_text=True)
             token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
-            assert client.post("/console/sign-in", data={
-                "api_key": key, "csrf_token": token}).status_code == 302
+            assert (
+                client.post(
+                    "/console/sign-in", data={"api_key": key, "csrf_token": token}
+                ).status_code
+                == 302
+            )
             today = datetime.now(UTC).date().isoformat()
             pages = {
                 "overview (cached)": "/console/",
@@ -161,9 +216,11 @@ def run(payments: int, requests: int) -> None:
             results["overview read (uncached)"] = overview
         finally:
             app.extensions["paycron.pool"].close()
-    print(f"{payments:,} payments (loaded in {loaded:.0f} s), {seeded['parked']:,} parked "
-          f"in doubt with open dead letters, 1,000 webhook endpoints with 100,000 events "
-          f"waiting; {requests} requests a page")
+    print(
+        f"{payments:,} payments (loaded in {loaded:.0f} s), {seeded['parked']:,} parked "
+        f"in doubt with open dead letters, 1,000 webhook endpoints with 100,000 events "
+        f"waiting; {requests} requests a page"
+    )
     for name, samples in results.items():
         p95 = statistics.quantiles(samples, n=20)[-1] if len(samples) >= 2 else samples[0]
         print(f"  {name:<26} median {statistics.median(samples):8.1f} ms   p95 {p95:8.1f} ms")

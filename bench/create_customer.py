@@ -38,13 +38,21 @@ def run(requests: int) -> None:
     with private_database("paycron_bench_customer") as url:
         with connect(Config(database_url=url)) as conn:
             key, _ = apikeys.create_api_key(conn, PAYER)
-        base = Config.from_env({
-            "DATABASE_URL": url, "REDIS_URL": REDIS_URL,
-            "REDIS_NAMESPACE": f"paycron-bench-{uuid.uuid4().hex[:8]}",
-            "API_RATE_LIMIT": "1000000", "API_RATE_BURST": "1000000"})
-        apps = {"fake": create_app(base),
-                "stripe": create_app(base.with_overrides(gateway="stripe",
-                                                         stripe_api_key="sk_test_bench"))}
+        base = Config.from_env(
+            {
+                "DATABASE_URL": url,
+                "REDIS_URL": REDIS_URL,
+                "REDIS_NAMESPACE": f"paycron-bench-{uuid.uuid4().hex[:8]}",
+                "API_RATE_LIMIT": "1000000",
+                "API_RATE_BURST": "1000000",
+            }
+        )
+        apps = {
+            "fake": create_app(base),
+            "stripe": create_app(
+                base.with_overrides(gateway="stripe", stripe_api_key="sk_test_bench")
+            ),
+        }
         try:
             clients = {name: app.test_client() for name, app in apps.items()}
             keys = itertools.count()
@@ -54,12 +62,16 @@ def run(requests: int) -> None:
                 body = {"payee": "shop", "amount": 2500, "dueAt": due}
                 client = clients["fake" if kind == "no customer" else "stripe"]
                 if kind != "no customer":
-                    customer = "cus_bench" if kind == "customer in use" else \
-                        f"cus_{uuid.uuid4().hex}"
+                    customer = (
+                        "cus_bench" if kind == "customer in use" else f"cus_{uuid.uuid4().hex}"
+                    )
                     body.update(paymentMethod="pm_card_visa", customer=customer)
                 started = time.perf_counter()
-                response = client.post(URL, json=body, headers={
-                    "Authorization": f"Bearer {key}", "Idempotency-Key": f"k{next(keys)}"})
+                response = client.post(
+                    URL,
+                    json=body,
+                    headers={"Authorization": f"Bearer {key}", "Idempotency-Key": f"k{next(keys)}"},
+                )
                 elapsed = (time.perf_counter() - started) * 1000
                 assert response.status_code == 201, response.get_data(as_text=True)
                 return elapsed

@@ -60,9 +60,14 @@ QUERIES = parse_blocks((Path(__file__).parent / "failover.sql").read_text())
 
 #: Short engine timings, so claims cut off by the kill come back within a run.
 ENGINE = {
-    "LEASE_SECONDS": "10", "GATEWAY_TIMEOUT_SECONDS": "2", "RETRY_DELAYS": "1s,1s,2s,2s,3s",
-    "SWEEP_INTERVAL_SECONDS": "0.5", "GATEWAY_RATE_LIMIT": "100", "CLAIM_BATCH": "100",
-    "MAX_LEASE_EXPIRIES": "5", "HORIZON_DAYS": "7",
+    "LEASE_SECONDS": "10",
+    "GATEWAY_TIMEOUT_SECONDS": "2",
+    "RETRY_DELAYS": "1s,1s,2s,2s,3s",
+    "SWEEP_INTERVAL_SECONDS": "0.5",
+    "GATEWAY_RATE_LIMIT": "100",
+    "CLAIM_BATCH": "100",
+    "MAX_LEASE_EXPIRIES": "5",
+    "HORIZON_DAYS": "7",
 }
 #: The SPEC's bound on the pause of claims and creates, from the kill.
 PAUSE_TARGET = 15.0
@@ -80,10 +85,18 @@ class Plan:
     lag: float = 1.0  # seconds the standby trails when the primary dies (its WAL sender stalled)
 
 
-SHORT = Plan(spike=1200, rate=20, fault_after=4, promote_after=2, load_after=20,
-             standby_down=10, rejoin=False)
-FULL = Plan(spike=4000, rate=40, fault_after=8, promote_after=2, load_after=40,
-            standby_down=20, rejoin=True)
+SHORT = Plan(
+    spike=1200,
+    rate=20,
+    fault_after=4,
+    promote_after=2,
+    load_after=20,
+    standby_down=10,
+    rejoin=False,
+)
+FULL = Plan(
+    spike=4000, rate=40, fault_after=8, promote_after=2, load_after=40, standby_down=20, rejoin=True
+)
 
 
 # -- the clients ------------------------------------------------------------------------
@@ -125,16 +138,20 @@ class Clients:
     def _http(self) -> httpx.Client:
         if not hasattr(self.local, "http"):
             self.local.http = httpx.Client(
-                base_url=self.base_url, timeout=30,
-                headers={"Authorization": f"Bearer {self.api_key}"})
+                base_url=self.base_url,
+                timeout=30,
+                headers={"Authorization": f"Bearer {self.api_key}"},
+            )
         return self.local.http
 
     def new(self, due_at: datetime) -> Create:
         n = next(self.numbers)
         with self.lock:
             amount = self.rng.randint(100, 90_000)
-        create = Create(key=f"fo-{n}", body={"payee": f"payee-fo-{n}", "amount": amount,
-                                            "dueAt": due_at.isoformat()})
+        create = Create(
+            key=f"fo-{n}",
+            body={"payee": f"payee-fo-{n}", "amount": amount, "dueAt": due_at.isoformat()},
+        )
         with self.lock:
             self.creates.append(create)
         return create
@@ -144,8 +161,11 @@ class Clients:
         while time.monotonic() - started < self.give_up:
             sent = datetime.now(UTC)
             try:
-                response = self._http().post("/v1/scheduled-payments", json=create.body,
-                                             headers={"Idempotency-Key": create.key})
+                response = self._http().post(
+                    "/v1/scheduled-payments",
+                    json=create.body,
+                    headers={"Idempotency-Key": create.key},
+                )
                 status = response.status_code
                 code = "" if status == 201 else (_problem_code(response) or str(status))
             except httpx.TransportError as exc:
@@ -162,8 +182,9 @@ class Clients:
         work = [self.new(due_at) for _ in range(count)]
         run_all(self.run, work, threads)
 
-    def load(self, rate: float, due_ahead: float, stop: threading.Event,
-             threads: int = 8) -> list[threading.Thread]:
+    def load(
+        self, rate: float, due_ahead: float, stop: threading.Event, threads: int = 8
+    ) -> list[threading.Thread]:
         """Creates at ``rate`` per second until ``stop``, each due ``due_ahead``
         seconds after it is made, on ``threads`` threads."""
         start = time.monotonic()
@@ -228,8 +249,9 @@ class Failover:
             migrate(conn)
             ensure_partitions(conn, config)
             api_key, _ = create_api_key(conn, "failover")
-        self.system = System(self.pair.url, dict(ENGINE), worker_processes=None,
-                             worker_threads=None)
+        self.system = System(
+            self.pair.url, dict(ENGINE), worker_processes=None, worker_threads=None
+        )
         ceiling = int(ENGINE["GATEWAY_RATE_LIMIT"])
         self.system.start_gateway(rate_limit_per_s=2 * ceiling, latency_ms=5)
         port = free_port()
@@ -268,35 +290,42 @@ class Failover:
             loader.join()
         self.marks["load_end"] = datetime.now(UTC)
         self.last_due = max(datetime.fromisoformat(c.body["dueAt"]) for c in self.clients.creates)
-        print(f"API load: {len(self.clients.creates) - plan.spike} creates at {plan.rate:.0f}/s"
-              f" beside the spike, until {self.marks['load_end']:%H:%M:%S}")
+        print(
+            f"API load: {len(self.clients.creates) - plan.spike} creates at {plan.rate:.0f}/s"
+            f" beside the spike, until {self.marks['load_end']:%H:%M:%S}"
+        )
 
     def _fail_over(self) -> None:
         if self.plan.lag > 0:
             self.marks["stall"] = datetime.now(UTC)
             self.pair.stall_sender()
-            print(f"  {_hms(self.marks['stall'])} WAL sender stalled: the standby trails by "
-                  f"{self.plan.lag:.1f} s when the primary dies")
+            print(
+                f"  {_hms(self.marks['stall'])} WAL sender stalled: the standby trails by "
+                f"{self.plan.lag:.1f} s when the primary dies"
+            )
             time.sleep(self.plan.lag)
         self.marks["kill"] = datetime.now(UTC)
         self.pair.kill_primary()
         # Anything stamped after this came from the new primary.
         self.marks["dead"] = datetime.now(UTC)
-        print(f"  {_hms(self.marks['kill'])} primary SIGKILLed (port "
-              f"{self.pair.killed[-1].port})")
+        print(f"  {_hms(self.marks['kill'])} primary SIGKILLed (port {self.pair.killed[-1].port})")
         time.sleep(self.plan.promote_after)
         self.marks["promote"] = datetime.now(UTC)
         took = self.pair.promote()
-        print(f"  {_hms(self.marks['promote'])} standby promoted (port {self.pair.primary.port}) "
-              f"in {took:.2f} s")
+        print(
+            f"  {_hms(self.marks['promote'])} standby promoted (port {self.pair.primary.port}) "
+            f"in {took:.2f} s"
+        )
         if self.plan.rejoin:
             time.sleep(5)
             started = time.monotonic()
             self.pair.rejoin_killed()
             self.marks["rejoin"] = datetime.now(UTC)
-            print(f"  {_hms(self.marks['rejoin'])} killed primary rewound (pg_rewind) and "
-                  f"streaming as the new {'synchronous ' if self.pair.synchronous else ''}"
-                  f"standby, {time.monotonic() - started:.1f} s")
+            print(
+                f"  {_hms(self.marks['rejoin'])} killed primary rewound (pg_rewind) and "
+                f"streaming as the new {'synchronous ' if self.pair.synchronous else ''}"
+                f"standby, {time.monotonic() - started:.1f} s"
+            )
 
     def _lose_standby(self) -> None:
         self.marks["kill"] = datetime.now(UTC)
@@ -335,8 +364,7 @@ class Failover:
                 with connect(Config(database_url=self.pair.url)) as conn:
                     left = conn.execute(QUERIES["failover_open"], {"until": until}).fetchone()
                 if left["n"] == 0:
-                    print(f"all terminal at {_hms(datetime.now(UTC))} (deadline "
-                          f"{_hms(deadline)})")
+                    print(f"all terminal at {_hms(datetime.now(UTC))} (deadline {_hms(deadline)})")
                     return True
             except Exception as exc:  # noqa: BLE001 - report and keep waiting
                 print(f"  drain check failed: {exc}")
@@ -350,14 +378,19 @@ class Failover:
         assert self.system is not None
         ledger = self.system.ledger()
         with connect(Config(database_url=self.pair.url)) as conn:
-            rows = {str(r["id"]): r for r in conn.execute(QUERIES["failover_payments"],
-                                                          {"until": self._until()})}
-            around = conn.execute(QUERIES["failover_claims_around"], {
-                "before": self.marks["kill"],
-                "after": self.marks.get("back", self.marks["dead"])}).fetchone()
+            rows = {
+                str(r["id"]): r
+                for r in conn.execute(QUERIES["failover_payments"], {"until": self._until()})
+            }
+            around = conn.execute(
+                QUERIES["failover_claims_around"],
+                {"before": self.marks["kill"], "after": self.marks.get("back", self.marks["dead"])},
+            ).fetchone()
             counts = conn.execute(QUERIES["failover_counts"]).fetchone()
-            completed_at = {str(r["payment_id"]): r["at"]
-                            for r in conn.execute(QUERIES["failover_completed_at"])}
+            completed_at = {
+                str(r["payment_id"]): r["at"]
+                for r in conn.execute(QUERIES["failover_completed_at"])
+            }
         creates = self.clients.creates
         answered = [c for c in creates if c.payment_id]
         never = [c for c in creates if not c.payment_id]
@@ -369,52 +402,82 @@ class Failover:
         charged = sum(c["amount"] for c in succeeded)
         completed = sum(r["amount_minor"] for r in rows.values() if r["status"] == "COMPLETED")
         orphan_charges = [c for c in succeeded if c["reference"] not in rows]
-        states = Counter(r["status"] + (f" {r['failure_reason']}" if r["failure_reason"] else "")
-                         for r in rows.values())
+        states = Counter(
+            r["status"] + (f" {r['failure_reason']}" if r["failure_reason"] else "")
+            for r in rows.values()
+        )
         print("final states: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
-        print(f"gateway: {len(succeeded)} charges; attempt rows {counts['attempts']}, "
-              f"{counts['lease_expired_rows']} marked LEASE_EXPIRED (claims cut off by the fault)")
+        print(
+            f"gateway: {len(succeeded)} charges; attempt rows {counts['attempts']}, "
+            f"{counts['lease_expired_rows']} marked LEASE_EXPIRED (claims cut off by the fault)"
+        )
         dead = self.marks["dead"]
-        reasked = [c for c in succeeded if datetime.fromisoformat(c["created_at"]) < dead
-                   and completed_at.get(c["reference"], dead) > dead]
-        print(f"charges made before the fault and recorded after it (the next attempt asked "
-              f"the gateway again with the same key, which answered with that charge): "
-              f"{len(reasked)}")
+        reasked = [
+            c
+            for c in succeeded
+            if datetime.fromisoformat(c["created_at"]) < dead
+            and completed_at.get(c["reference"], dead) > dead
+        ]
+        print(
+            f"charges made before the fault and recorded after it (the next attempt asked "
+            f"the gateway again with the same key, which answered with that charge): "
+            f"{len(reasked)}"
+        )
         pauses = self._pauses(around)
         self._report_requests()
         results: list[tuple[str, object, bool]] = [
             ("creates that never answered 201 (60 s of retries)", len(never), not never),
         ]
         if self.mode == "async":
-            print(f"LOST with asynchronous replication: {len(lost)} creates answered 201 and "
-                  f"missing after the failover" + (
-                      f" (e.g. {', '.join(c.key for c in lost[:5])})" if lost else ""))
-            print(f"charges for a payment the new primary does not have (reconciliation "
-                  f"pages them): {len(orphan_charges)}")
-            results.append(("creates answered 201 and lost (asynchronous: shown, not a check)",
-                            len(lost), True))
+            print(
+                f"LOST with asynchronous replication: {len(lost)} creates answered 201 and "
+                f"missing after the failover"
+                + (f" (e.g. {', '.join(c.key for c in lost[:5])})" if lost else "")
+            )
+            print(
+                f"charges for a payment the new primary does not have (reconciliation "
+                f"pages them): {len(orphan_charges)}"
+            )
+            results.append(
+                (
+                    "creates answered 201 and lost (asynchronous: shown, not a check)",
+                    len(lost),
+                    True,
+                )
+            )
         else:
             results.append(("creates answered 201 and missing afterwards", len(lost), not lost))
         results += [
             ("payments per retried create's key > 1", len(duplicated), not duplicated),
-            ("max charges per idempotency key (<= 1)", max(per_key.values(), default=0),
-             max(per_key.values(), default=0) <= 1),
-            ("payments not terminal by the deadline", sum(1 for r in rows.values() if r["status"]
-                                                          in ("PENDING", "PROCESSING")),
-             drained),
+            (
+                "max charges per idempotency key (<= 1)",
+                max(per_key.values(), default=0),
+                max(per_key.values(), default=0) <= 1,
+            ),
+            (
+                "payments not terminal by the deadline",
+                sum(1 for r in rows.values() if r["status"] in ("PENDING", "PROCESSING")),
+                drained,
+            ),
             ("attempt rows left IN_FLIGHT", counts["in_flight"], counts["in_flight"] == 0),
-            ("sum charged - sum COMPLETED (minor units)", charged - completed,
-             charged == completed or (self.mode == "async" and bool(orphan_charges))),
+            (
+                "sum charged - sum COMPLETED (minor units)",
+                charged - completed,
+                charged == completed or (self.mode == "async" and bool(orphan_charges)),
+            ),
             ("answers that were 500", self._count_status(500), self._count_status(500) == 0),
         ]
         for name, seconds in pauses.items():
             results.append((name, f"{seconds:.1f} s", seconds < PAUSE_TARGET))
         if self.mode != "standby-loss":
             killed_primary = any(server.is_primary() for server in self.pair.killed) or (
-                "rejoin" in self.marks and self.pair.standby is not None
-                and self.pair.standby.is_primary())
-            results.append(("the killed primary came back as a primary", killed_primary,
-                            not killed_primary))
+                "rejoin" in self.marks
+                and self.pair.standby is not None
+                and self.pair.standby.is_primary()
+            )
+            results.append(
+                ("the killed primary came back as a primary", killed_primary, not killed_primary)
+            )
         return results
 
     def _pauses(self, around: dict) -> dict[str, float]:
@@ -424,12 +487,21 @@ class Failover:
         since = self.marks.get("back", kill)
         name = "from the standby's return" if "back" in self.marks else "from the kill"
         sent_after = self.marks.get("back", self.marks["dead"])
-        first_create = min((t.answered for c in self.clients.creates for t in c.tries
-                            if t.status == 201 and t.sent > sent_after), default=None)
+        first_create = min(
+            (
+                t.answered
+                for c in self.clients.creates
+                for t in c.tries
+                if t.status == 201 and t.sent > sent_after
+            ),
+            default=None,
+        )
         figures = {}
-        for what, moment in (("claims", around["first_claim_after"]),
-                             ("gateway calls", around["first_call_after"]),
-                             ("creates", first_create)):
+        for what, moment in (
+            ("claims", around["first_claim_after"]),
+            ("gateway calls", around["first_call_after"]),
+            ("creates", first_create),
+        ):
             if moment is None:
                 print(f"{what}: none after the fault")
                 figures[f"{what} paused, {name}"] = float("inf")
@@ -438,11 +510,14 @@ class Failover:
             figures[f"{what} paused, {name}"] = paused
             extra = ""
             if "promote" in self.marks:
-                extra = f" ({(moment - self.marks['promote']).total_seconds():.1f} s from the " \
-                        "promotion"
+                extra = (
+                    f" ({(moment - self.marks['promote']).total_seconds():.1f} s from the promotion"
+                )
                 if "stall" in self.marks:
-                    extra += f", {(moment - self.marks['stall']).total_seconds():.1f} s from " \
-                             "the standby's stall"
+                    extra += (
+                        f", {(moment - self.marks['stall']).total_seconds():.1f} s from "
+                        "the standby's stall"
+                    )
                 extra += ")"
             if "back" in self.marks:
                 extra = f" ({(moment - kill).total_seconds():.1f} s from the standby's loss)"
@@ -455,23 +530,40 @@ class Failover:
     def _report_requests(self) -> None:
         kill = self.marks["kill"]
         end = self.marks.get("back", kill) + timedelta(seconds=PAUSE_TARGET * 2)
-        failed = [t for c in self.clients.creates for t in c.tries
-                  if t.status != 201 and kill - timedelta(seconds=30) <= t.sent <= end]
+        failed = [
+            t
+            for c in self.clients.creates
+            for t in c.tries
+            if t.status != 201 and kill - timedelta(seconds=30) <= t.sent <= end
+        ]
         kinds = Counter(f"{t.status or 'no answer'} {t.code}".strip() for t in failed)
-        print(f"create requests that failed around the fault: {len(failed)}"
-              + (" (" + ", ".join(f"{k}: {v}" for k, v in kinds.most_common()) + ")"
-                 if failed else ""))
+        print(
+            f"create requests that failed around the fault: {len(failed)}"
+            + (
+                " (" + ", ".join(f"{k}: {v}" for k, v in kinds.most_common()) + ")"
+                if failed
+                else ""
+            )
+        )
         if failed:
             slowest = max(failed, key=lambda t: t.seconds)
-            print(f"  slowest failed request: {slowest.seconds:.1f} s ({slowest.status} "
-                  f"{slowest.code})")
+            print(
+                f"  slowest failed request: {slowest.seconds:.1f} s ({slowest.status} "
+                f"{slowest.code})"
+            )
         retried = [c for c in self.clients.creates if len(c.tries) > 1 and c.payment_id]
         replayed = sum(c.replayed for c in retried)
-        print(f"creates retried with their key: {len(retried)}; the retry found the first try's "
-              f"payment (Idempotent-Replayed) for {replayed}, created it for "
-              f"{len(retried) - replayed}")
-        slow_ok = [t.seconds for c in self.clients.creates for t in c.tries
-                   if t.status == 201 and kill <= t.answered <= end]
+        print(
+            f"creates retried with their key: {len(retried)}; the retry found the first try's "
+            f"payment (Idempotent-Replayed) for {replayed}, created it for "
+            f"{len(retried) - replayed}"
+        )
+        slow_ok = [
+            t.seconds
+            for c in self.clients.creates
+            for t in c.tries
+            if t.status == 201 and kill <= t.answered <= end
+        ]
         if slow_ok:
             print(f"slowest 201 around the fault: {max(slow_ok):.1f} s")
 
@@ -487,16 +579,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", action="store_true", help="the CI form")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--async", dest="asynchronous", action="store_true",
-                      help="asynchronous replication: what a failover loses")
-    mode.add_argument("--standby-loss", action="store_true",
-                      help="the standby dies while the primary lives")
+    mode.add_argument(
+        "--async",
+        dest="asynchronous",
+        action="store_true",
+        help="asynchronous replication: what a failover loses",
+    )
+    mode.add_argument(
+        "--standby-loss", action="store_true", help="the standby dies while the primary lives"
+    )
     parser.add_argument("--spike", type=int)
-    parser.add_argument("--promote-after", type=float,
-                        help="seconds from the kill to the promotion")
-    parser.add_argument("--lag", type=float, help=(
-        "stall the primary's WAL sender this many seconds before the kill, so the standby "
-        "trails by that much (default 1; 0: a clean kill)"))
+    parser.add_argument(
+        "--promote-after", type=float, help="seconds from the kill to the promotion"
+    )
+    parser.add_argument(
+        "--lag",
+        type=float,
+        help=(
+            "stall the primary's WAL sender this many seconds before the kill, so the standby "
+            "trails by that much (default 1; 0: a clean kill)"
+        ),
+    )
     parser.add_argument("--seed", type=int, default=20261201)
     args = parser.parse_args()
     plan = dataclasses.replace(SHORT if args.short else FULL)
@@ -521,8 +624,10 @@ def main() -> None:
     for name, value, ok in results:
         print(f"  [{'ok' if ok else 'FAIL'}] {name}: {value}")
         failed |= not ok
-    print(f"failover ({kind}) took {time.monotonic() - started:.0f}s: "
-          f"{'FAILED' if failed else 'passed'}")
+    print(
+        f"failover ({kind}) took {time.monotonic() - started:.0f}s: "
+        f"{'FAILED' if failed else 'passed'}"
+    )
     sys.exit(1 if failed else 0)
 
 

@@ -52,8 +52,10 @@ CASES = {"small": (1500, 1, 15, 100), "many": (100_000, 100, 10, 500)}
 def run_case(name: str, latency_ms: int) -> None:
     big, payers, each, ceiling = CASES[name]
     total = big + payers * each
-    with private_database() as url, \
-            procfile_system(url, ceiling=ceiling, **latency_faults(latency_ms)) as system:
+    with (
+        private_database() as url,
+        procfile_system(url, ceiling=ceiling, **latency_faults(latency_ms)) as system,
+    ):
         spike = due_in(15)
         with connect(system.config()) as conn:
             bulk_insert(conn, big, due_at=spike, payer="big")
@@ -62,25 +64,36 @@ def run_case(name: str, latency_ms: int) -> None:
             conn.execute("ANALYZE payments")
             time.sleep(max(0.0, (spike - datetime.now(UTC)).total_seconds()))
             drain = wait_until_settled(conn, total, timeout=3600, tick=0.5)
-            groups = {r["big"]: r for r in conn.execute(QUERIES["lateness_by_group"],
-                                                        {"big": "big"})}
+            groups = {
+                r["big"]: r for r in conn.execute(QUERIES["lateness_by_group"], {"big": "big"})
+            }
         ledger = system.ledger()
     ideal = total / ceiling
-    print(f"\ncase {name}: one payer's {big:,} beside {payers} payer(s) x {each}, all due at "
-          f"one second; ceiling {ceiling}/s, latency ~{latency_ms} ms")
+    print(
+        f"\ncase {name}: one payer's {big:,} beside {payers} payer(s) x {each}, all due at "
+        f"one second; ceiling {ceiling}/s, latency ~{latency_ms} ms"
+    )
     for is_big, label in ((False, "small payers"), (True, "big payer")):
         g = groups[is_big]
-        print(f"  {label:13}: n={g['n']:>6}  lateness p50 {g['p50']:6.2f} s  p99 "
-              f"{g['p99']:6.2f} s  max {g['max']:6.2f} s")
+        print(
+            f"  {label:13}: n={g['n']:>6}  lateness p50 {g['p50']:6.2f} s  p99 "
+            f"{g['p99']:6.2f} s  max {g['max']:6.2f} s"
+        )
     small = groups[False]
     if name == "small":
-        print(f"  target: the small payer's last first attempt <= 3 s late: "
-              f"{small['max']:.2f} s -> {'met' if small['max'] <= 3 else 'MISSED'}")
+        print(
+            f"  target: the small payer's last first attempt <= 3 s late: "
+            f"{small['max']:.2f} s -> {'met' if small['max'] <= 3 else 'MISSED'}"
+        )
     else:
-        print(f"  target: small payers' p99 <= 5 s: {small['p99']:.2f} s -> "
-              f"{'met' if small['p99'] <= 5 else 'MISSED'}")
-    print(f"  drain {drain:.1f} s; ideal N / ceiling {ideal:.1f} s; ratio {drain / ideal:.3f} "
-          f"(target <= 1.05)")
+        print(
+            f"  target: small payers' p99 <= 5 s: {small['p99']:.2f} s -> "
+            f"{'met' if small['p99'] <= 5 else 'MISSED'}"
+        )
+    print(
+        f"  drain {drain:.1f} s; ideal N / ceiling {ideal:.1f} s; ratio {drain / ideal:.3f} "
+        f"(target <= 1.05)"
+    )
     print(f"  charges {len(ledger)}, max per key {max_charges_per_key(ledger)}")
 
 

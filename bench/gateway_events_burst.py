@@ -47,10 +47,17 @@ def debits(handle: GatewayHandle, n: int) -> list[tuple[uuid.UUID, datetime, str
 
     def one(_):
         payment_id = new_payment_id(due)
-        intent = client.v1.payment_intents.create(params={
-            "amount": 2500, "currency": "usd", "customer": "cus_burst",
-            "payment_method": "pm_bank_processing_succeeds", "confirm": True,
-            "off_session": True, "metadata": {"paycron_payment_id": str(payment_id)}})
+        intent = client.v1.payment_intents.create(
+            params={
+                "amount": 2500,
+                "currency": "usd",
+                "customer": "cus_burst",
+                "payment_method": "pm_bank_processing_succeeds",
+                "confirm": True,
+                "off_session": True,
+                "metadata": {"paycron_payment_id": str(payment_id)},
+            }
+        )
         return payment_id, due, intent.id
 
     with ThreadPoolExecutor(8) as pool:
@@ -58,33 +65,66 @@ def debits(handle: GatewayHandle, n: int) -> list[tuple[uuid.UUID, datetime, str
 
 
 def waiting_payments(conn, made) -> None:
-    with conn.transaction(), conn.cursor().copy(
+    with (
+        conn.transaction(),
+        conn.cursor().copy(
             "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at, status, "
             "gateway_intent_id, awaiting_since, next_poll_at, processor, customer, "
-            "payment_method) FROM STDIN") as copy:
+            "payment_method) FROM STDIN"
+        ) as copy,
+    ):
         later = datetime.now(UTC) + timedelta(days=1)  # no poll during the bench
         for payment_id, due, intent in made:
-            copy.write_row((payment_id, due, "burst", "shop", 2500, "USD", due,
-                            "AWAITING_GATEWAY", intent, due, later, "stripe", "cus_burst",
-                            "pm_bank_processing_succeeds"))
+            copy.write_row(
+                (
+                    payment_id,
+                    due,
+                    "burst",
+                    "shop",
+                    2500,
+                    "USD",
+                    due,
+                    "AWAITING_GATEWAY",
+                    intent,
+                    due,
+                    later,
+                    "stripe",
+                    "cus_burst",
+                    "pm_bank_processing_succeeds",
+                )
+            )
 
 
 def event_body(payment_id: uuid.UUID, intent: str) -> bytes:
     """The debit's ``payment_intent.succeeded`` as Stripe sends it (the stub
     keeps only its latest events, so the burst builds its own)."""
-    return json.dumps({
-        "id": f"evt_{uuid.uuid4().hex[:24]}", "object": "event",
-        "type": "payment_intent.succeeded", "created": int(time.time()), "livemode": False,
-        "api_version": STRIPE_API_VERSION, "data": {"object": {
-            "id": intent, "object": "payment_intent", "status": "succeeded", "amount": 2500,
-            "currency": "usd", "metadata": {"paycron_payment_id": str(payment_id)}}},
-    }).encode()
+    return json.dumps(
+        {
+            "id": f"evt_{uuid.uuid4().hex[:24]}",
+            "object": "event",
+            "type": "payment_intent.succeeded",
+            "created": int(time.time()),
+            "livemode": False,
+            "api_version": STRIPE_API_VERSION,
+            "data": {
+                "object": {
+                    "id": intent,
+                    "object": "payment_intent",
+                    "status": "succeeded",
+                    "amount": 2500,
+                    "currency": "usd",
+                    "metadata": {"paycron_payment_id": str(payment_id)},
+                }
+            },
+        }
+    ).encode()
 
 
 def signed(payload: bytes) -> dict:
     at = int(time.time())
-    mac = hmac.new(STRIPE_WEBHOOK_SECRET.encode(), f"{at}.".encode() + payload,
-                   hashlib.sha256).hexdigest()
+    mac = hmac.new(
+        STRIPE_WEBHOOK_SECRET.encode(), f"{at}.".encode() + payload, hashlib.sha256
+    ).hexdigest()
     return {"Stripe-Signature": f"t={at},v1={mac}", "Content-Type": "application/json"}
 
 
@@ -97,23 +137,32 @@ def main() -> None:
     procs = ProcessGroup(Path(mkdtemp(prefix="paycron-events-burst-")), {})
     with private_database() as database_url:
         try:
-            wait_http(f"http://127.0.0.1:{port}/healthz",
-                      procs.start("gateway", gateway_args(port)))
+            wait_http(
+                f"http://127.0.0.1:{port}/healthz", procs.start("gateway", gateway_args(port))
+            )
             handle = GatewayHandle(f"http://127.0.0.1:{port}", timeout=60)
             handle.stripe(enabled_events=["payment_intent.succeeded"])
             config = Config(
-                database_url=database_url, redis_url=REDIS_URL, gateway="stripe",
+                database_url=database_url,
+                redis_url=REDIS_URL,
+                gateway="stripe",
                 redis_namespace=f"paycron-bench-{uuid.uuid4().hex[:8]}",
-                stripe_api_key=STRIPE_API_KEY, stripe_api_base=handle.stripe_url,
+                stripe_api_key=STRIPE_API_KEY,
+                stripe_api_base=handle.stripe_url,
                 stripe_webhook_secret=(STRIPE_WEBHOOK_SECRET,),
-                gateway_rate_limit=args.rate, api_rate_limit=10**9, api_rate_burst=10**9)
+                gateway_rate_limit=args.rate,
+                api_rate_limit=10**9,
+                api_rate_burst=10**9,
+            )
             started = time.monotonic()
             made = debits(handle, args.events)
             with connect(config) as conn:
                 waiting_payments(conn, made)
             handle.stripe_settle()
-            print(f"{args.events} bank debits made, waiting and settled at the stub in "
-                  f"{time.monotonic() - started:.0f}s")
+            print(
+                f"{args.events} bank debits made, waiting and settled at the stub in "
+                f"{time.monotonic() - started:.0f}s"
+            )
             bodies = [event_body(payment_id, intent) for payment_id, _, intent in made]
             from web import create_app
 
@@ -122,37 +171,45 @@ def main() -> None:
             times = []
             for body in bodies:
                 t = time.perf_counter()
-                answer = client.post("/v1/gateway-events/stripe", data=body,
-                                     headers=signed(body))
+                answer = client.post("/v1/gateway-events/stripe", data=body, headers=signed(body))
                 times.append(1000 * (time.perf_counter() - t))
                 assert answer.status_code == 200, answer.json
             app.extensions["paycron.pool"].close()
             times.sort()
-            print(f"web: {len(times)} events answered 200, p50 {statistics.median(times):.2f} "
-                  f"ms, p99 {times[int(0.99 * len(times))]:.2f} ms, max {times[-1]:.2f} ms")
+            print(
+                f"web: {len(times)} events answered 200, p50 {statistics.median(times):.2f} "
+                f"ms, p99 {times[int(0.99 * len(times))]:.2f} ms, max {times[-1]:.2f} ms"
+            )
             pool = make_pool(config, max_size=6, name="bench-events")
             limiter = CallLimiter(redis.Redis.from_url(REDIS_URL), config)
-            service = GatewayEventService(config=config, pool=pool, gateway=build_gateway(
-                config, max_connections=4, call_limiter=limiter))
+            service = GatewayEventService(
+                config=config,
+                pool=pool,
+                gateway=build_gateway(config, max_connections=4, call_limiter=limiter),
+            )
             t = time.monotonic()
             settled = 0
             while True:
                 counts = service.run_once()
                 settled += counts.settled
                 with pool.connection() as conn:
-                    left = conn.execute("SELECT count(*) AS n FROM gateway_events "
-                                        "WHERE applied_at IS NULL").fetchone()["n"]
+                    left = conn.execute(
+                        "SELECT count(*) AS n FROM gateway_events WHERE applied_at IS NULL"
+                    ).fetchone()["n"]
                 if left == 0:
                     break
             drain = time.monotonic() - t
             with pool.connection() as conn:
-                completed = conn.execute("SELECT count(*) AS n FROM payments WHERE status = "
-                                         "'COMPLETED'").fetchone()["n"]
+                completed = conn.execute(
+                    "SELECT count(*) AS n FROM payments WHERE status = 'COMPLETED'"
+                ).fetchone()["n"]
             service.close()
             pool.close()
-            print(f"applier: {args.events} events applied in {drain:.1f}s = "
-                  f"{args.events / drain:.0f}/s against a window of {args.rate}/s (ideal "
-                  f"{args.events / args.rate:.1f}s); {settled} settled, {completed} COMPLETED")
+            print(
+                f"applier: {args.events} events applied in {drain:.1f}s = "
+                f"{args.events / drain:.0f}/s against a window of {args.rate}/s (ideal "
+                f"{args.events / args.rate:.1f}s); {settled} settled, {completed} COMPLETED"
+            )
         finally:
             procs.stop()
 

@@ -79,18 +79,30 @@ def rss_bytes(pid: int) -> int:
 
 
 def card_charge(http: httpx.Client, n: int, key: str) -> httpx.Response:
-    return http.post("/v1/charges", headers={"Idempotency-Key": key},
-                     json={"amount": 1000 + n % 100, "currency": "USD", "reference": f"bench-{n}"})
+    return http.post(
+        "/v1/charges",
+        headers={"Idempotency-Key": key},
+        json={"amount": 1000 + n % 100, "currency": "USD", "reference": f"bench-{n}"},
+    )
 
 
 def stripe_charge(http: httpx.Client, n: int, key: str) -> httpx.Response:
     return http.post(
         "/stripe/v1/payment_intents",
-        headers={"Idempotency-Key": key, "Authorization": "Bearer sk_test_paycron",
-                 "Stripe-Version": "2026-10-28.endive"},
-        data={"amount": str(1000 + n % 100), "currency": "usd", "customer": f"cus_{n % 1000}",
-              "payment_method": "pm_card_visa", "confirm": "true", "off_session": "true",
-              "metadata[paycron_payment_id]": f"bench-{n}"},
+        headers={
+            "Idempotency-Key": key,
+            "Authorization": "Bearer sk_test_paycron",
+            "Stripe-Version": "2026-10-28.endive",
+        },
+        data={
+            "amount": str(1000 + n % 100),
+            "currency": "usd",
+            "customer": f"cus_{n % 1000}",
+            "payment_method": "pm_card_visa",
+            "confirm": "true",
+            "off_session": "true",
+            "metadata[paycron_payment_id]": f"bench-{n}",
+        },
     )
 
 
@@ -126,8 +138,9 @@ def fire(url: str, first: int, total: int, threads: int, surface: str = "card") 
     return statuses
 
 
-def fire_all(url: str, total: int, threads: int, processes: int, surface: str
-             ) -> tuple[float, Counter[int]]:
+def fire_all(
+    url: str, total: int, threads: int, processes: int, surface: str
+) -> tuple[float, Counter[int]]:
     """Send `total` charges from `processes` processes of `threads` threads; (seconds, statuses)."""
     shares = [total // processes + (i < total % processes) for i in range(processes)]
     firsts = list(itertools.accumulate([0, *shares[:-1]]))
@@ -156,23 +169,30 @@ def main() -> None:
         httpx.post(f"{url}/_reset").raise_for_status()
         cpu_before = cpu_seconds(proc.pid) if proc else None
         rss_before = rss_bytes(proc.pid) if proc else None
-        elapsed, statuses = fire_all(url, args.requests, args.threads, args.processes,
-                                     args.surface)
+        elapsed, statuses = fire_all(url, args.requests, args.threads, args.processes, args.surface)
         rate = args.requests / elapsed
-        print(f"{args.requests} {args.surface} charges, {args.processes} x {args.threads} threads: "
-              f"{elapsed:.2f} s, {rate:,.0f} requests/s")
+        print(
+            f"{args.requests} {args.surface} charges, {args.processes} x {args.threads} threads: "
+            f"{elapsed:.2f} s, {rate:,.0f} requests/s"
+        )
         print(f"answers: {dict(sorted(statuses.items()))}")
         if proc:
             busy = (cpu_seconds(proc.pid) - cpu_before) / elapsed
-            print(f"server CPU: {busy:.0%} of one core "
-                  f"(about {rate / busy:,.0f} requests/s per fully used core)")
+            print(
+                f"server CPU: {busy:.0%} of one core "
+                f"(about {rate / busy:,.0f} requests/s per fully used core)"
+            )
             grown = rss_bytes(proc.pid) - (rss_before or 0)
-            print(f"server memory: +{grown / 2**20:.0f} MiB, "
-                  f"{grown / args.requests / 1024:.1f} KiB per charge")
+            print(
+                f"server memory: +{grown / 2**20:.0f} MiB, "
+                f"{grown / args.requests / 1024:.1f} KiB per charge"
+            )
         ledger = httpx.get(f"{url}/_ledger", timeout=60).json()
         if args.surface == "stripe":
-            print(f"ledger: {len(ledger['stripe']['payment_intents'])} intents, "
-                  f"{len(ledger['stripe']['charges'])} charges")
+            print(
+                f"ledger: {len(ledger['stripe']['payment_intents'])} intents, "
+                f"{len(ledger['stripe']['charges'])} charges"
+            )
         else:
             print(f"ledger: {len(ledger['charges'])} charges")
     finally:

@@ -31,8 +31,9 @@ from paycron.store.db import connect
 from paycron.store.migrate import migrate
 from paycron.store.partitions import ensure_partitions
 
-ADMIN_DSN = os.environ.get("PAYCRON_BENCH_ADMIN_DSN",
-                           "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN_DSN = os.environ.get(
+    "PAYCRON_BENCH_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 REDIS_URL = os.environ.get("PAYCRON_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 #: A benchmark that drives the API hard measures the API, not the per-actor
 #: rate limiter (one bench client would meet API_RATE_LIMIT at once): its web
@@ -75,9 +76,14 @@ class System:
         self.logdir = Path(tempfile.mkdtemp(prefix="paycron-bench-"))
         self.namespace = f"paycron-bench-{uuid.uuid4().hex[:8]}"
         self.gateway_url = f"http://127.0.0.1:{free_port()}"
-        self.env = {"DATABASE_URL": self.database_url, "REDIS_URL": REDIS_URL,
-                    "REDIS_NAMESPACE": self.namespace, "GATEWAY_URL": self.gateway_url,
-                    **UNLIMITED_API, **self.settings}
+        self.env = {
+            "DATABASE_URL": self.database_url,
+            "REDIS_URL": REDIS_URL,
+            "REDIS_NAMESPACE": self.namespace,
+            "GATEWAY_URL": self.gateway_url,
+            **UNLIMITED_API,
+            **self.settings,
+        }
         self.procs = ProcessGroup(self.logdir, self.env)
         self.gateway = GatewayHandle(self.gateway_url, timeout=30)
 
@@ -116,8 +122,12 @@ def procfile_system(database_url: str, *, ceiling: int, **faults) -> Iterator[Sy
     """The engine as the Procfile ships it, with only GATEWAY_RATE_LIMIT set,
     beside a fake gateway whose own ceiling is the same and whose faults
     (e.g. a latency) are given; stopped afterwards."""
-    system = System(database_url, {"GATEWAY_RATE_LIMIT": str(ceiling)},
-                    worker_processes=None, worker_threads=None)
+    system = System(
+        database_url,
+        {"GATEWAY_RATE_LIMIT": str(ceiling)},
+        worker_processes=None,
+        worker_threads=None,
+    )
     try:
         system.start_gateway(rate_limit_per_s=ceiling, **faults)
         system.start_engine()
@@ -131,8 +141,9 @@ def due_in(seconds: float) -> datetime:
     return (datetime.now(UTC) + timedelta(seconds=seconds)).replace(microsecond=0)
 
 
-def wait_until_settled(conn, total: int, *, timeout: float, tick: float = 0.5,
-                       until: datetime | None = None) -> float:
+def wait_until_settled(
+    conn, total: int, *, timeout: float, tick: float = 0.5, until: datetime | None = None
+) -> float:
     """Seconds until ``total`` payments due before ``until`` are terminal."""
     until = until or datetime.now(UTC) + timedelta(days=1)
     started = time.monotonic()
@@ -205,7 +216,9 @@ def sustained_rate(conn, since: datetime) -> float:
     or after ``since`` (a drain's pace, without the wait for its first call)."""
     row = conn.execute(
         "SELECT count(*) AS n, extract(epoch FROM max(finished_at) - min(finished_at)) AS span"
-        " FROM attempts WHERE finished_at >= %s", (since,)).fetchone()
+        " FROM attempts WHERE finished_at >= %s",
+        (since,),
+    ).fetchone()
     return (row["n"] - 1) / float(row["span"]) if row["n"] > 1 and row["span"] else 0.0
 
 
@@ -216,7 +229,9 @@ def in_flight(conn, since: datetime = ALL_TIME) -> dict:
     rows = conn.execute(
         "SELECT started_at, finished_at FROM attempts WHERE finished_at IS NOT NULL"
         " AND started_at >= %s"
-        " AND outcome NOT IN ('RECONCILED', 'FOUND_BY_LOOKUP', 'NOT_SENT')", (since,)).fetchall()
+        " AND outcome NOT IN ('RECONCILED', 'FOUND_BY_LOOKUP', 'NOT_SENT')",
+        (since,),
+    ).fetchall()
     if not rows:
         return {"max": 0, "mean": 0.0}
     edges = sorted([(r["started_at"], 1) for r in rows] + [(r["finished_at"], -1) for r in rows])

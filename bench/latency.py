@@ -38,14 +38,19 @@ SPIKES = ((3000, 500, 300), (2000, 200, 1000))
 
 def latency_faults(median_ms: int) -> dict:
     """A processor's latency: lognormal around the median, p99 twice it."""
-    return {"latency_dist": "lognormal", "latency_p50_ms": median_ms,
-            "latency_p99_ms": 2 * median_ms, "latency_cap_ms": 5 * median_ms}
+    return {
+        "latency_dist": "lognormal",
+        "latency_p50_ms": median_ms,
+        "latency_p99_ms": 2 * median_ms,
+        "latency_cap_ms": 5 * median_ms,
+    }
 
 
-def run_spike(payments: int, ceiling: int, median_ms: int, *, lead_seconds: float = 8.0
-              ) -> dict:
-    with private_database() as url, \
-            procfile_system(url, ceiling=ceiling, **latency_faults(median_ms)) as system:
+def run_spike(payments: int, ceiling: int, median_ms: int, *, lead_seconds: float = 8.0) -> dict:
+    with (
+        private_database() as url,
+        procfile_system(url, ceiling=ceiling, **latency_faults(median_ms)) as system,
+    ):
         spike = due_in(lead_seconds)
         with connect(system.config()) as conn:
             bulk_insert(conn, payments, due_at=spike)
@@ -60,11 +65,20 @@ def run_spike(payments: int, ceiling: int, median_ms: int, *, lead_seconds: floa
             expiries = settled_counts(conn)["lease_expired"]
         ledger = system.ledger()
         gateway = system.gateway_stats()
-    return {"payments": payments, "ceiling": ceiling, "median_ms": median_ms, "drain": drain,
-            "late": late, "in_flight": flight, "cpu": cpu, "gateway_cpu": gateway_cpu,
-            "lease_expired": expiries,
-            "charges": len(ledger), "max_per_key": max_charges_per_key(ledger),
-            "rate_limited": gateway.get("rate_limited")}
+    return {
+        "payments": payments,
+        "ceiling": ceiling,
+        "median_ms": median_ms,
+        "drain": drain,
+        "late": late,
+        "in_flight": flight,
+        "cpu": cpu,
+        "gateway_cpu": gateway_cpu,
+        "lease_expired": expiries,
+        "charges": len(ledger),
+        "max_per_key": max_charges_per_key(ledger),
+        "rate_limited": gateway.get("rate_limited"),
+    }
 
 
 def report(r: dict) -> None:
@@ -72,19 +86,30 @@ def report(r: dict) -> None:
     ideal = n / ceiling
     bound = 1.1 * ideal + 5
     late = r["late"]
-    print(f"\n{n} payments due at one second, ceiling {ceiling}/s, latency "
-          f"~{r['median_ms']} ms (lognormal, p99 {2 * r['median_ms']} ms)")
-    print(f"  lateness p50 / p99 / max : {late['p50']:.1f} / {late['p99']:.1f} / "
-          f"{late['max']:.1f} s")
-    print(f"  bound 1.1 x N/ceiling + 5: {bound:.1f} s   -> "
-          f"{'met' if late['p99'] <= bound else 'MISSED'}")
-    print(f"  drain (spike -> terminal): {r['drain']:.1f} s (ideal {ideal:.1f} s); effective "
-          f"{n / r['drain']:.0f}/s")
-    print(f"  calls in flight          : max {r['in_flight']['max']}, mean "
-          f"{r['in_flight']['mean']:.0f} (ceiling x latency = "
-          f"{ceiling * r['median_ms'] / 1000:.0f})")
-    print(f"  CPU per payment          : {1000 * r['cpu'] / n:.2f} ms in the engine "
-          f"(scheduler + workers; the fake gateway {1000 * r['gateway_cpu'] / n:.2f} ms)")
+    print(
+        f"\n{n} payments due at one second, ceiling {ceiling}/s, latency "
+        f"~{r['median_ms']} ms (lognormal, p99 {2 * r['median_ms']} ms)"
+    )
+    print(
+        f"  lateness p50 / p99 / max : {late['p50']:.1f} / {late['p99']:.1f} / {late['max']:.1f} s"
+    )
+    print(
+        f"  bound 1.1 x N/ceiling + 5: {bound:.1f} s   -> "
+        f"{'met' if late['p99'] <= bound else 'MISSED'}"
+    )
+    print(
+        f"  drain (spike -> terminal): {r['drain']:.1f} s (ideal {ideal:.1f} s); effective "
+        f"{n / r['drain']:.0f}/s"
+    )
+    print(
+        f"  calls in flight          : max {r['in_flight']['max']}, mean "
+        f"{r['in_flight']['mean']:.0f} (ceiling x latency = "
+        f"{ceiling * r['median_ms'] / 1000:.0f})"
+    )
+    print(
+        f"  CPU per payment          : {1000 * r['cpu'] / n:.2f} ms in the engine "
+        f"(scheduler + workers; the fake gateway {1000 * r['gateway_cpu'] / n:.2f} ms)"
+    )
     print(f"  lease expirations        : {r['lease_expired']};  429s: {r['rate_limited']}")
     print(f"  charges {r['charges']}, max per key {r['max_per_key']}")
 

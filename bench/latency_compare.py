@@ -60,9 +60,12 @@ from paycron.store.db import connect
 #: High enough that paycron's shared call window never binds.
 UNCAPPED_RATE_LIMIT = 100_000
 #: bench.pgqueuer_compare's statement with asyncpg's positional parameters.
-ATTEMPT_AND_CAS_ASYNCPG = (ATTEMPT_AND_CAS.replace("%(id)s", "$1::uuid")
-                           .replace("%(due_at)s", "$2::timestamptz")
-                           .replace("%(ref)s", "$3::text").replace("%(worker)s", "$4::text"))
+ATTEMPT_AND_CAS_ASYNCPG = (
+    ATTEMPT_AND_CAS.replace("%(id)s", "$1::uuid")
+    .replace("%(due_at)s", "$2::timestamptz")
+    .replace("%(ref)s", "$3::text")
+    .replace("%(worker)s", "$4::text")
+)
 
 
 # --------------------------------------------------------------------------
@@ -86,22 +89,30 @@ async def async_factory(max_tasks: int) -> AsyncIterator[object]:
     # aiohttp's connector holds 100 connections by default: as wide as the
     # tasks instead, or the connector, not pgqueuer, would bound what is in flight.
     session = aiohttp.ClientSession(
-        base_url=config.gateway_url, connector=aiohttp.TCPConnector(limit=max_tasks),
-        timeout=aiohttp.ClientTimeout(total=config.gateway_timeout_seconds))
+        base_url=config.gateway_url,
+        connector=aiohttp.TCPConnector(limit=max_tasks),
+        timeout=aiohttp.ClientTimeout(total=config.gateway_timeout_seconds),
+    )
     worker = worker_name()
 
     @pgq.entrypoint(ENTRYPOINT)
     async def charge_payment(job: Job) -> None:
         text_id, due, amount = job.payload.decode().split(",")
         async with session.post(
-                "/v1/charges", headers={"Idempotency-Key": text_id},
-                json={"amount": int(amount), "currency": "USD", "reference": text_id},
+            "/v1/charges",
+            headers={"Idempotency-Key": text_id},
+            json={"amount": int(amount), "currency": "USD", "reference": text_id},
         ) as response:
             if response.status not in (200, 201):
                 raise RuntimeError(f"gateway answered {response.status} for {text_id}")
             charge = await response.json()
-        await pool.execute(ATTEMPT_AND_CAS_ASYNCPG, uuid.UUID(text_id),
-                           datetime.fromisoformat(due), charge["id"], worker)
+        await pool.execute(
+            ATTEMPT_AND_CAS_ASYNCPG,
+            uuid.UUID(text_id),
+            datetime.fromisoformat(due),
+            charge["id"],
+            worker,
+        )
 
     try:
         yield pgq
@@ -116,20 +127,31 @@ def run_worker(batch: int, max_tasks: int) -> None:
     import uvloop
     from pgqueuer import run
 
-    uvloop.run(run(functools.partial(async_factory, max_tasks), batch_size=batch,
-                   dequeue_timeout=timedelta(seconds=1), max_concurrent_tasks=max_tasks))
+    uvloop.run(
+        run(
+            functools.partial(async_factory, max_tasks),
+            batch_size=batch,
+            dequeue_timeout=timedelta(seconds=1),
+            max_concurrent_tasks=max_tasks,
+        )
+    )
 
 
 # --------------------------------------------------------------------------
 # The driver
 
 
-def run_paycron(database_url: str, n: int, median_ms: int, *, warmup: int,
-                lead_seconds: float = 8.0) -> dict:
+def run_paycron(
+    database_url: str, n: int, median_ms: int, *, warmup: int, lead_seconds: float = 8.0
+) -> dict:
     """The Procfile as shipped, only GATEWAY_RATE_LIMIT set (out of the way);
     ``warmup`` payments first (untimed), then ``n`` due at one second."""
-    system = System(database_url, {"GATEWAY_RATE_LIMIT": str(UNCAPPED_RATE_LIMIT)},
-                    worker_processes=None, worker_threads=None)  # the Procfile's
+    system = System(
+        database_url,
+        {"GATEWAY_RATE_LIMIT": str(UNCAPPED_RATE_LIMIT)},
+        worker_processes=None,
+        worker_threads=None,
+    )  # the Procfile's
     try:
         system.start_gateway(**latency_faults(median_ms))
         system.start_engine()
@@ -141,8 +163,11 @@ def run_paycron(database_url: str, n: int, median_ms: int, *, warmup: int,
             bulk_insert(conn, n, due_at=due)
             time.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()))
             gateway_proc, *engine_procs = system.procs.procs
-            cpu_before = (cpu_seconds(engine_procs), cpu_seconds([gateway_proc]),
-                          postgres_cpu_seconds(database_url))
+            cpu_before = (
+                cpu_seconds(engine_procs),
+                cpu_seconds([gateway_proc]),
+                postgres_cpu_seconds(database_url),
+            )
             seconds = wait_until_settled(conn, n, timeout=600, tick=0.1)
             cpu = cpu_seconds(engine_procs) - cpu_before[0]
             gateway_cpu = cpu_seconds([gateway_proc]) - cpu_before[1]
@@ -153,46 +178,87 @@ def run_paycron(database_url: str, n: int, median_ms: int, *, warmup: int,
         ledger = system.ledger()
     finally:
         system.stop()
-    return {"seconds": seconds, "per_second": n / seconds, "sustained": sustained,
-            "completed": counts["completed"] - warmup, "lease_expired": counts["lease_expired"],
-            "in_flight": flight, "cpu": cpu, "gateway_cpu": gateway_cpu,
-            "postgres_cpu": postgres_cpu, "charges": len(ledger) - warmup,
-            "max_charges_per_key": max_charges_per_key(ledger)}
+    return {
+        "seconds": seconds,
+        "per_second": n / seconds,
+        "sustained": sustained,
+        "completed": counts["completed"] - warmup,
+        "lease_expired": counts["lease_expired"],
+        "in_flight": flight,
+        "cpu": cpu,
+        "gateway_cpu": gateway_cpu,
+        "postgres_cpu": postgres_cpu,
+        "charges": len(ledger) - warmup,
+        "max_charges_per_key": max_charges_per_key(ledger),
+    }
 
 
-def run_pgqueuer_async(database_url: str, n: int, median_ms: int, *, warmup: int, batch: int,
-                       max_tasks: int) -> dict:
-    worker = ["-m", "bench.latency_compare", "--worker", "--pgq-batch", str(batch),
-              "--pgq-max-tasks", str(max_tasks)]
-    return run_pgqueuer(database_url, n, worker_args=worker, processes=1,
-                        faults=latency_faults(median_ms), warmup=warmup, tick=0.1)
+def run_pgqueuer_async(
+    database_url: str, n: int, median_ms: int, *, warmup: int, batch: int, max_tasks: int
+) -> dict:
+    worker = [
+        "-m",
+        "bench.latency_compare",
+        "--worker",
+        "--pgq-batch",
+        str(batch),
+        "--pgq-max-tasks",
+        str(max_tasks),
+    ]
+    return run_pgqueuer(
+        database_url,
+        n,
+        worker_args=worker,
+        processes=1,
+        faults=latency_faults(median_ms),
+        warmup=warmup,
+        tick=0.1,
+    )
 
 
 def report(name: str, r: dict, n: int, load: float, detail: str) -> None:
-    print(f"  {name:<16}: {r['per_second']:5.0f} payments/s due -> all terminal "
-          f"({r['seconds']:.1f} s), {r['sustained']:5.0f}/s first -> last outcome; "
-          f"load {load:.2f} at start")
-    print(f"  {'':<16}  CPU per payment {1000 * r['cpu'] / n:.2f} ms in the engine, "
-          f"{1000 * r['postgres_cpu'] / n:.2f} ms in its Postgres backends (the fake gateway "
-          f"{1000 * r['gateway_cpu'] / n:.2f} ms)")
-    print(f"  {'':<16}  completed {r['completed']}, charges {r['charges']}, max per key "
-          f"{r['max_charges_per_key']}; {detail}")
+    print(
+        f"  {name:<16}: {r['per_second']:5.0f} payments/s due -> all terminal "
+        f"({r['seconds']:.1f} s), {r['sustained']:5.0f}/s first -> last outcome; "
+        f"load {load:.2f} at start"
+    )
+    print(
+        f"  {'':<16}  CPU per payment {1000 * r['cpu'] / n:.2f} ms in the engine, "
+        f"{1000 * r['postgres_cpu'] / n:.2f} ms in its Postgres backends (the fake gateway "
+        f"{1000 * r['gateway_cpu'] / n:.2f} ms)"
+    )
+    print(
+        f"  {'':<16}  completed {r['completed']}, charges {r['charges']}, max per key "
+        f"{r['max_charges_per_key']}; {detail}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--payments", type=int, default=6000)
     parser.add_argument("--latency-ms", type=int, default=300, help="median gateway latency")
-    parser.add_argument("--warmup", type=int, default=200,
-                        help="payments each side drains first, untimed (connections made)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=200,
+        help="payments each side drains first, untimed (connections made)",
+    )
     parser.add_argument("--pgq-max-tasks", type=int, default=200)
-    parser.add_argument("--pgq-batch", type=int, default=10,
-                        help="pgqueuer's batch size (default: `pgq run`'s)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="pairs of runs (paycron, then pgqueuer); the ratio of medians")
-    parser.add_argument("--max-load", type=float, default=1.5,
-                        help="each phase waits (up to 10 min) for the 1-minute load to fall "
-                             "to this")
+    parser.add_argument(
+        "--pgq-batch", type=int, default=10, help="pgqueuer's batch size (default: `pgq run`'s)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="pairs of runs (paycron, then pgqueuer); the ratio of medians",
+    )
+    parser.add_argument(
+        "--max-load",
+        type=float,
+        default=1.5,
+        help="each phase waits (up to 10 min) for the 1-minute load to fall to this",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -201,12 +267,18 @@ def main() -> None:
     n, median, warmup = args.payments, args.latency_ms, args.warmup
     from importlib.metadata import version
 
-    print(f"{n} payments due now (after {warmup} untimed), fake gateway ~{median} ms "
-          f"(lognormal, p99 {2 * median} ms), no ceiling")
-    print(f"  paycron : the Procfile as shipped, GATEWAY_RATE_LIMIT={UNCAPPED_RATE_LIMIT}, "
-          f"every other setting at its default")
-    print(f"  pgqueuer: {version('pgqueuer')}, async job (aiohttp {version('aiohttp')} + "
-          f"asyncpg pool), {args.pgq_max_tasks} tasks, batch {args.pgq_batch}, one process")
+    print(
+        f"{n} payments due now (after {warmup} untimed), fake gateway ~{median} ms "
+        f"(lognormal, p99 {2 * median} ms), no ceiling"
+    )
+    print(
+        f"  paycron : the Procfile as shipped, GATEWAY_RATE_LIMIT={UNCAPPED_RATE_LIMIT}, "
+        f"every other setting at its default"
+    )
+    print(
+        f"  pgqueuer: {version('pgqueuer')}, async job (aiohttp {version('aiohttp')} + "
+        f"asyncpg pool), {args.pgq_max_tasks} tasks, batch {args.pgq_batch}, one process"
+    )
     rates: dict[str, list[float]] = {"paycron": [], "pgqueuer": []}
     for i in range(args.rounds):
         print(f"round {i + 1}")
@@ -214,28 +286,37 @@ def main() -> None:
         with private_database() as url:
             engine = run_paycron(url, n, median, warmup=warmup)
         flight = engine["in_flight"]
-        report("paycron", engine, n, load,
-               f"calls in flight max {flight['max']}, mean {flight['mean']:.0f}; lease "
-               f"expirations {engine['lease_expired']}")
+        report(
+            "paycron",
+            engine,
+            n,
+            load,
+            f"calls in flight max {flight['max']}, mean {flight['mean']:.0f}; lease "
+            f"expirations {engine['lease_expired']}",
+        )
         load = quiet_load(args.max_load)
         with private_database() as url:
-            pgq = run_pgqueuer_async(url, n, median, warmup=warmup, batch=args.pgq_batch,
-                                     max_tasks=args.pgq_max_tasks)
-        report("pgqueuer (async)", pgq, n, load,
-               f"enqueue {pgq['enqueue_seconds']:.2f} s, untimed")
+            pgq = run_pgqueuer_async(
+                url, n, median, warmup=warmup, batch=args.pgq_batch, max_tasks=args.pgq_max_tasks
+            )
+        report("pgqueuer (async)", pgq, n, load, f"enqueue {pgq['enqueue_seconds']:.2f} s, untimed")
         engine_total = engine["cpu"] + engine["postgres_cpu"]
         pgq_total = pgq["cpu"] + pgq["postgres_cpu"]
-        print(f"  ratio paycron / pgqueuer: {engine['per_second'] / pgq['per_second']:.2f} "
-              f"due -> terminal, {engine['sustained'] / pgq['sustained']:.2f} sustained "
-              f"(target >= 1.5); CPU per payment {engine['cpu'] / pgq['cpu']:.2f}x in the "
-              f"engine, {engine_total / pgq_total:.2f}x with Postgres")
+        print(
+            f"  ratio paycron / pgqueuer: {engine['per_second'] / pgq['per_second']:.2f} "
+            f"due -> terminal, {engine['sustained'] / pgq['sustained']:.2f} sustained "
+            f"(target >= 1.5); CPU per payment {engine['cpu'] / pgq['cpu']:.2f}x in the "
+            f"engine, {engine_total / pgq_total:.2f}x with Postgres"
+        )
         rates["paycron"].append(engine["per_second"])
         rates["pgqueuer"].append(pgq["per_second"])
     if args.rounds > 1:
         paycron = statistics.median(rates["paycron"])
         pgq_rate = statistics.median(rates["pgqueuer"])
-        print(f"median of {args.rounds} (due -> terminal): paycron {paycron:.0f}/s, pgqueuer "
-              f"{pgq_rate:.0f}/s, ratio {paycron / pgq_rate:.2f}")
+        print(
+            f"median of {args.rounds} (due -> terminal): paycron {paycron:.0f}/s, pgqueuer "
+            f"{pgq_rate:.0f}/s, ratio {paycron / pgq_rate:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -44,16 +44,26 @@ def load_history(conn, n: int, *, cancelled_every: int) -> int:
         rows.append((new_payment_id(due), due, status, now - timedelta(seconds=n - i)))
     with conn.transaction():
         with conn.cursor().copy(
-                "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at, "
-                "status) FROM STDIN") as copy:
+            "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at, "
+            "status) FROM STDIN"
+        ) as copy:
             for payment_id, due, status, _ in rows:
                 copy.write_row((payment_id, due, PAYER, "shop", 2500, "USD", due, status))
         with conn.cursor().copy(
-                "COPY idempotency_keys (actor, key, request_hash, payment_id, due_at, "
-                "created_at) FROM STDIN") as copy:
+            "COPY idempotency_keys (actor, key, request_hash, payment_id, due_at, "
+            "created_at) FROM STDIN"
+        ) as copy:
             for payment_id, due, _, created_at in rows:
-                copy.write_row((PAYER, str(payment_id), hashlib.sha256(payment_id.bytes).digest(),
-                                payment_id, due, created_at))
+                copy.write_row(
+                    (
+                        PAYER,
+                        str(payment_id),
+                        hashlib.sha256(payment_id.bytes).digest(),
+                        payment_id,
+                        due,
+                        created_at,
+                    )
+                )
     conn.execute("ANALYZE payments")
     conn.execute("ANALYZE idempotency_keys")
     return sum(1 for row in rows if row[2] == "CANCELLED")
@@ -75,16 +85,23 @@ def run(payments: int, requests: int, cancelled_every: int) -> None:
             cancelled = load_history(conn, payments, cancelled_every=cancelled_every)
             key, _ = apikeys.create_api_key(conn, PAYER)
         # The API's own rate limits, when it has them, must not be what is measured.
-        config = Config.from_env({
-            "DATABASE_URL": url, "REDIS_URL": REDIS_URL,
-            "REDIS_NAMESPACE": f"paycron-bench-{uuid.uuid4().hex[:8]}",
-            "API_RATE_LIMIT": "1000000", "API_RATE_BURST": "1000000"})
+        config = Config.from_env(
+            {
+                "DATABASE_URL": url,
+                "REDIS_URL": REDIS_URL,
+                "REDIS_NAMESPACE": f"paycron-bench-{uuid.uuid4().hex[:8]}",
+                "API_RATE_LIMIT": "1000000",
+                "API_RATE_BURST": "1000000",
+            }
+        )
         app = create_app(config)
         try:
             client = app.test_client()
             headers = {"Authorization": f"Bearer {key}"}
-            kinds = {"unfiltered": {"limit": 20},
-                     "status=CANCELLED": {"status": "CANCELLED", "limit": 20}}
+            kinds = {
+                "unfiltered": {"limit": 20},
+                "status=CANCELLED": {"status": "CANCELLED", "limit": 20},
+            }
             for query in kinds.values():
                 for _ in range(WARMUP):
                     timed(client, headers, query)
@@ -97,14 +114,18 @@ def run(payments: int, requests: int, cancelled_every: int) -> None:
                     items[name] = count
         finally:
             app.extensions["paycron.pool"].close()
-    print(f"{payments} payments of one payer, {cancelled} CANCELLED; "
-          f"{requests} requests of each kind (limit=20)")
+    print(
+        f"{payments} payments of one payer, {cancelled} CANCELLED; "
+        f"{requests} requests of each kind (limit=20)"
+    )
     medians = {}
     for name, samples in times.items():
         medians[name] = statistics.median(samples)
         p95 = statistics.quantiles(samples, n=20)[-1]
-        print(f"  {name:<18} median {medians[name]:7.2f} ms  p95 {p95:7.2f} ms  "
-              f"items on page one: {items[name]}")
+        print(
+            f"  {name:<18} median {medians[name]:7.2f} ms  p95 {p95:7.2f} ms  "
+            f"items on page one: {items[name]}"
+        )
     ratio = medians["status=CANCELLED"] / medians["unfiltered"]
     print(f"  ratio filtered/unfiltered (medians): {ratio:.2f} (target <= 2)")
 
@@ -113,8 +134,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--payments", type=int, default=20_000)
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--cancelled-every", type=int, default=500,
-                        help="one payment in this many is CANCELLED")
+    parser.add_argument(
+        "--cancelled-every", type=int, default=500, help="one payment in this many is CANCELLED"
+    )
     run(**{k.replace("-", "_"): v for k, v in vars(parser.parse_args()).items()})
 
 

@@ -38,19 +38,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--payments", type=int, default=20_000)
     parser.add_argument("--ceiling", type=int, default=500)
-    parser.add_argument("--lead-seconds", type=float, default=8.0,
-                        help="how far ahead of the spike the rows are written")
+    parser.add_argument(
+        "--lead-seconds",
+        type=float,
+        default=8.0,
+        help="how far ahead of the spike the rows are written",
+    )
     args = parser.parse_args()
-    settings = {"GATEWAY_RATE_LIMIT": str(args.ceiling), "SWEEP_INTERVAL_SECONDS": "0.5",
-                "LEASE_SECONDS": "120", "GATEWAY_TIMEOUT_SECONDS": "10",
-                "MESSAGE_GROUP_SIZE": "5"}
+    settings = {
+        "GATEWAY_RATE_LIMIT": str(args.ceiling),
+        "SWEEP_INTERVAL_SECONDS": "0.5",
+        "LEASE_SECONDS": "120",
+        "GATEWAY_TIMEOUT_SECONDS": "10",
+        "MESSAGE_GROUP_SIZE": "5",
+    }
     with private_database() as url:
         system = System(url, settings, worker_processes=2, worker_threads=16)
         try:
             system.start_gateway(rate_limit_per_s=args.ceiling)
             system.start_engine()
             spike = (datetime.now(UTC) + timedelta(seconds=args.lead_seconds)).replace(
-                microsecond=0)
+                microsecond=0
+            )
             with connect(system.config()) as conn:
                 bulk_insert(conn, args.payments, due_at=spike)
                 time.sleep(max(0.0, (spike - datetime.now(UTC)).total_seconds()))
@@ -66,14 +75,20 @@ def main() -> None:
     print(f"payments {args.payments} due at one second, ceiling {args.ceiling}/s")
     print(f"ideal drain (count / ceiling) : {ideal:7.1f} s")
     print(f"drain (spike -> all terminal) : {drain:7.1f} s")
-    print(f"lateness p50 / p99 / max      : {late['p50']:.1f} / {late['p99']:.1f} / "
-          f"{late['max']:.1f} s   (p99 / ideal = {late['p99'] / ideal:.2f})")
-    print(f"429s answered by the gateway  : {gateway['rate_limited']} "
-          f"(attempts recorded RATE_LIMITED: {counts['rate_limited']})")
-    print(f"lease expirations             : {counts['lease_expired']} attempts, "
-          f"{expiries} payments")
-    print(f"gateway charges               : {len(ledger)}; max per key "
-          f"{max_charges_per_key(ledger)}")
+    print(
+        f"lateness p50 / p99 / max      : {late['p50']:.1f} / {late['p99']:.1f} / "
+        f"{late['max']:.1f} s   (p99 / ideal = {late['p99'] / ideal:.2f})"
+    )
+    print(
+        f"429s answered by the gateway  : {gateway['rate_limited']} "
+        f"(attempts recorded RATE_LIMITED: {counts['rate_limited']})"
+    )
+    print(
+        f"lease expirations             : {counts['lease_expired']} attempts, {expiries} payments"
+    )
+    print(
+        f"gateway charges               : {len(ledger)}; max per key {max_charges_per_key(ledger)}"
+    )
 
 
 if __name__ == "__main__":

@@ -77,9 +77,13 @@ WHERE id = %(id)s AND due_at = %(due_at)s AND status = 'PENDING'
 
 def asyncpg_params(url: str) -> dict:
     info = psycopg.conninfo.conninfo_to_dict(url)
-    return {"host": info.get("host"), "port": int(info.get("port") or 5432),
-            "user": info.get("user"), "password": info.get("password"),
-            "database": info.get("dbname")}
+    return {
+        "host": info.get("host"),
+        "port": int(info.get("port") or 5432),
+        "user": info.get("user"),
+        "password": info.get("password"),
+        "database": info.get("dbname"),
+    }
 
 
 @contextlib.asynccontextmanager
@@ -103,8 +107,7 @@ async def factory() -> AsyncIterator[object]:
         connection = await asyncpg.connect(**asyncpg_params(config.database_url))
         pgq = PgQueuer.from_asyncpg_connection(connection)
     else:
-        connection = await psycopg.AsyncConnection.connect(config.database_url,
-                                                           autocommit=True)
+        connection = await psycopg.AsyncConnection.connect(config.database_url, autocommit=True)
         pgq = PgQueuer.from_psycopg_connection(connection)
     executor = ThreadPoolExecutor(threads, thread_name_prefix="charge")
     pool = make_pool(config, min_size=2, max_size=threads, name="pgq-bench")
@@ -113,19 +116,28 @@ async def factory() -> AsyncIterator[object]:
 
     def charge_and_record(payload: bytes) -> None:
         text_id, due, amount = payload.decode().split(",")
-        result = gateway.charge(ChargeRequest(reference=text_id, idempotency_key=text_id,
-                                              amount=int(amount), currency="USD"))
+        result = gateway.charge(
+            ChargeRequest(
+                reference=text_id, idempotency_key=text_id, amount=int(amount), currency="USD"
+            )
+        )
         if result.outcome is not Outcome.SUCCEEDED:
             raise RuntimeError(f"gateway answered {result.outcome} for {text_id}")
         with pool.connection() as conn, conn.transaction():
-            conn.execute(ATTEMPT_AND_CAS, {
-                "id": uuid.UUID(text_id), "due_at": datetime.fromisoformat(due),
-                "ref": result.gateway_ref, "worker": worker}, prepare=True)
+            conn.execute(
+                ATTEMPT_AND_CAS,
+                {
+                    "id": uuid.UUID(text_id),
+                    "due_at": datetime.fromisoformat(due),
+                    "ref": result.gateway_ref,
+                    "worker": worker,
+                },
+                prepare=True,
+            )
 
     @pgq.entrypoint(ENTRYPOINT)
     async def charge_payment(job: Job) -> None:
-        await asyncio.get_running_loop().run_in_executor(executor, charge_and_record,
-                                                         job.payload)
+        await asyncio.get_running_loop().run_in_executor(executor, charge_and_record, job.payload)
 
     try:
         yield pgq
@@ -143,8 +155,14 @@ def run_worker(batch: int, max_tasks: int) -> None:
     import uvloop
     from pgqueuer import run
 
-    uvloop.run(run(factory, batch_size=batch, dequeue_timeout=timedelta(seconds=1),
-                   max_concurrent_tasks=max_tasks or None))
+    uvloop.run(
+        run(
+            factory,
+            batch_size=batch,
+            dequeue_timeout=timedelta(seconds=1),
+            max_concurrent_tasks=max_tasks or None,
+        )
+    )
 
 
 # --------------------------------------------------------------------------
@@ -174,8 +192,8 @@ def insert_payments(conn, n: int) -> list[bytes]:
     due_at = datetime.now(UTC) - timedelta(seconds=2)
     payloads = []
     with conn.cursor().copy(
-            "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at) "
-            "FROM STDIN") as copy:
+        "COPY payments (id, due_at, payer, payee, amount_minor, currency, run_at) FROM STDIN"
+    ) as copy:
         for i in range(n):
             due = due_at - timedelta(microseconds=i)
             amount = 100 + i % 10_000
@@ -185,9 +203,17 @@ def insert_payments(conn, n: int) -> list[bytes]:
     return payloads
 
 
-def run_pgqueuer(database_url: str, n: int, *, worker_args: list[str], processes: int,
-                 env: dict[str, str] | None = None, faults: dict | None = None,
-                 warmup: int = 0, tick: float = 0.5) -> dict:
+def run_pgqueuer(
+    database_url: str,
+    n: int,
+    *,
+    worker_args: list[str],
+    processes: int,
+    env: dict[str, str] | None = None,
+    faults: dict | None = None,
+    warmup: int = 0,
+    tick: float = 0.5,
+) -> dict:
     """``processes`` pgqueuer workers (``python <worker_args>``) drain ``n``
     jobs against a fake gateway with ``faults`` (after ``warmup`` jobs,
     untimed); the rate, and the CPU the workers, their Postgres backends and
@@ -210,8 +236,11 @@ def run_pgqueuer(database_url: str, n: int, *, worker_args: list[str], processes
             gateway_proc, *workers = system.procs.procs
             enqueue_seconds = asyncio.run(enqueue(database_url, payloads))
             mark = conn.execute("SELECT now() AS t").fetchone()["t"]
-            cpu_before = (cpu_seconds(workers), cpu_seconds([gateway_proc]),
-                          postgres_cpu_seconds(database_url))
+            cpu_before = (
+                cpu_seconds(workers),
+                cpu_seconds([gateway_proc]),
+                postgres_cpu_seconds(database_url),
+            )
             seconds = wait_until_settled(conn, n, timeout=600, tick=tick)
             cpu = cpu_seconds(workers) - cpu_before[0]
             gateway_cpu = cpu_seconds([gateway_proc]) - cpu_before[1]
@@ -221,10 +250,18 @@ def run_pgqueuer(database_url: str, n: int, *, worker_args: list[str], processes
         ledger = system.ledger()
     finally:
         system.stop()
-    return {"seconds": seconds, "per_second": n / seconds, "sustained": sustained,
-            "completed": completed, "enqueue_seconds": enqueue_seconds,
-            "charges": len(ledger) - warmup, "max_charges_per_key": max_charges_per_key(ledger),
-            "cpu": cpu, "gateway_cpu": gateway_cpu, "postgres_cpu": postgres_cpu}
+    return {
+        "seconds": seconds,
+        "per_second": n / seconds,
+        "sustained": sustained,
+        "completed": completed,
+        "enqueue_seconds": enqueue_seconds,
+        "charges": len(ledger) - warmup,
+        "max_charges_per_key": max_charges_per_key(ledger),
+        "cpu": cpu,
+        "gateway_cpu": gateway_cpu,
+        "postgres_cpu": postgres_cpu,
+    }
 
 
 def main() -> None:
@@ -232,17 +269,34 @@ def main() -> None:
     parser.add_argument("--payments", type=int, default=20_000)
     parser.add_argument("--worker-processes", type=int, default=2, help="paycron's")
     parser.add_argument("--worker-threads", type=int, default=16, help="paycron's")
-    parser.add_argument("--pgq-processes", type=int, default=3,
-                        help="pgqueuer worker processes (paycron runs 3: 2 workers + 1 scheduler)")
-    parser.add_argument("--pgq-threads", type=int, default=16,
-                        help="threads per pgqueuer process for the blocking call + write")
+    parser.add_argument(
+        "--pgq-processes",
+        type=int,
+        default=3,
+        help="pgqueuer worker processes (paycron runs 3: 2 workers + 1 scheduler)",
+    )
+    parser.add_argument(
+        "--pgq-threads",
+        type=int,
+        default=16,
+        help="threads per pgqueuer process for the blocking call + write",
+    )
     parser.add_argument("--pgq-batch", type=int, default=50, help="pgqueuer --batch-size")
-    parser.add_argument("--pgq-max-tasks", type=int, default=200,
-                        help="pgqueuer --max-concurrent-tasks per process (0: unlimited)")
-    parser.add_argument("--pgq-driver", choices=("asyncpg", "psycopg"), default="asyncpg",
-                        help="pgqueuer's connection driver (psycopg: see the module doc)")
-    parser.add_argument("--skip-paycron", action="store_true",
-                        help="pgqueuer alone (for tuning it)")
+    parser.add_argument(
+        "--pgq-max-tasks",
+        type=int,
+        default=200,
+        help="pgqueuer --max-concurrent-tasks per process (0: unlimited)",
+    )
+    parser.add_argument(
+        "--pgq-driver",
+        choices=("asyncpg", "psycopg"),
+        default="asyncpg",
+        help="pgqueuer's connection driver (psycopg: see the module doc)",
+    )
+    parser.add_argument(
+        "--skip-paycron", action="store_true", help="pgqueuer alone (for tuning it)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -251,33 +305,53 @@ def main() -> None:
     engine = baseline = None
     if not args.skip_paycron:
         with private_database() as url:
-            engine = run_paycron(url, args.payments, worker_processes=args.worker_processes,
-                                 worker_threads=args.worker_threads)
+            engine = run_paycron(
+                url,
+                args.payments,
+                worker_processes=args.worker_processes,
+                worker_threads=args.worker_threads,
+            )
             baseline = run_baseline(url, args.payments)
     with private_database() as url:
-        worker = ["-m", "bench.pgqueuer_compare", "--worker", "--pgq-batch",
-                  str(args.pgq_batch), "--pgq-max-tasks", str(args.pgq_max_tasks)]
-        pgq = run_pgqueuer(url, args.payments, worker_args=worker,
-                           processes=args.pgq_processes,
-                           env={"PGQ_BENCH_THREADS": str(args.pgq_threads),
-                                "PGQ_BENCH_DRIVER": args.pgq_driver})
+        worker = [
+            "-m",
+            "bench.pgqueuer_compare",
+            "--worker",
+            "--pgq-batch",
+            str(args.pgq_batch),
+            "--pgq-max-tasks",
+            str(args.pgq_max_tasks),
+        ]
+        pgq = run_pgqueuer(
+            url,
+            args.payments,
+            worker_args=worker,
+            processes=args.pgq_processes,
+            env={"PGQ_BENCH_THREADS": str(args.pgq_threads), "PGQ_BENCH_DRIVER": args.pgq_driver},
+        )
     from importlib.metadata import version
 
     print(f"payments: {args.payments}, instant gateway, rate limit out of the way")
     if engine is not None:
-        print(f"paycron end to end : {engine['per_second']:8.0f} payments/s "
-              f"({engine['seconds']:.1f} s, completed {engine['completed']}, gateway charges "
-              f"{engine['charges']}, max charges/key {engine['max_charges_per_key']}; "
-              f"{args.worker_processes} worker processes x {args.worker_threads} threads)")
-    print(f"pgqueuer {version('pgqueuer')}     : {pgq['per_second']:8.0f} payments/s "
-          f"({pgq['seconds']:.1f} s, completed {pgq['completed']}, gateway charges "
-          f"{pgq['charges']}, max charges/key {pgq['max_charges_per_key']}; "
-          f"{args.pgq_driver}, {args.pgq_processes} processes, batch {args.pgq_batch}, max tasks "
-          f"{args.pgq_max_tasks or 'unlimited'}, {args.pgq_threads} threads; "
-          f"enqueue of {args.payments} jobs took {pgq['enqueue_seconds']:.2f} s, untimed)")
+        print(
+            f"paycron end to end : {engine['per_second']:8.0f} payments/s "
+            f"({engine['seconds']:.1f} s, completed {engine['completed']}, gateway charges "
+            f"{engine['charges']}, max charges/key {engine['max_charges_per_key']}; "
+            f"{args.worker_processes} worker processes x {args.worker_threads} threads)"
+        )
+    print(
+        f"pgqueuer {version('pgqueuer')}     : {pgq['per_second']:8.0f} payments/s "
+        f"({pgq['seconds']:.1f} s, completed {pgq['completed']}, gateway charges "
+        f"{pgq['charges']}, max charges/key {pgq['max_charges_per_key']}; "
+        f"{args.pgq_driver}, {args.pgq_processes} processes, batch {args.pgq_batch}, max tasks "
+        f"{args.pgq_max_tasks or 'unlimited'}, {args.pgq_threads} threads; "
+        f"enqueue of {args.payments} jobs took {pgq['enqueue_seconds']:.2f} s, untimed)"
+    )
     if baseline is not None:
-        print(f"raw SQL loop       : {baseline['per_second']:8.0f} payments/s "
-              f"({baseline['seconds']:.1f} s, no HTTP, no queue)")
+        print(
+            f"raw SQL loop       : {baseline['per_second']:8.0f} payments/s "
+            f"({baseline['seconds']:.1f} s, no HTTP, no queue)"
+        )
     if engine is not None:
         print(f"ratio paycron / pgqueuer: {engine['per_second'] / pgq['per_second']:.2f}")
         print(f"ratio paycron / raw     : {engine['per_second'] / baseline['per_second']:.2f}")

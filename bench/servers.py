@@ -42,8 +42,13 @@ class PrivatePostgres:
     ``data``: an existing data directory (a standby's base backup) instead of
     a fresh ``initdb``. ``settings``: extra ``-c`` options at every start."""
 
-    def __init__(self, *, data: Path | None = None, settings: dict[str, str] | None = None,
-                 checksums: bool = False):
+    def __init__(
+        self,
+        *,
+        data: Path | None = None,
+        settings: dict[str, str] | None = None,
+        checksums: bool = False,
+    ):
         self.dir = data.parent if data else Path(tempfile.mkdtemp(prefix="paycron-pg-"))
         self.data = data or self.dir / "data"
         self.port = free_port()
@@ -51,10 +56,23 @@ class PrivatePostgres:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
         if data is None:
-            subprocess.run(_as_postgres([_pg_bin("initdb"), "-D", str(self.data), "-U", "postgres",
-                                         "--auth=trust", "-E", "UTF8",
-                                         *(["--data-checksums"] if checksums else [])]),
-                           check=True, capture_output=True)
+            subprocess.run(
+                _as_postgres(
+                    [
+                        _pg_bin("initdb"),
+                        "-D",
+                        str(self.data),
+                        "-U",
+                        "postgres",
+                        "--auth=trust",
+                        "-E",
+                        "UTF8",
+                        *(["--data-checksums"] if checksums else []),
+                    ]
+                ),
+                check=True,
+                capture_output=True,
+            )
         self.url = self.dsn("postgres")
 
     def dsn(self, dbname: str) -> str:
@@ -62,13 +80,29 @@ class PrivatePostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
     def start(self) -> None:
-        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -c max_connections=300 "
-                   f"-c unix_socket_directories={self.dir} -c shared_buffers=256MB")
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -c max_connections=300 "
+            f"-c unix_socket_directories={self.dir} -c shared_buffers=256MB"
+        )
         options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         log = self.dir / "server.log"
-        started = subprocess.run(_as_postgres([_pg_bin("pg_ctl"), "-D", str(self.data), "-o",
-                                               options, "-l", str(log), "-w", "start"]),
-                                 capture_output=True, text=True)
+        started = subprocess.run(
+            _as_postgres(
+                [
+                    _pg_bin("pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-o",
+                    options,
+                    "-l",
+                    str(log),
+                    "-w",
+                    "start",
+                ]
+            ),
+            capture_output=True,
+            text=True,
+        )
         if started.returncode != 0:
             tail = log.read_text()[-2000:] if log.exists() else started.stderr
             raise RuntimeError(f"Postgres in {self.data} did not start:\n{tail}")
@@ -86,8 +120,10 @@ class PrivatePostgres:
         raise RuntimeError("private Postgres did not come up")
 
     def stop(self, mode: str = "fast") -> None:
-        subprocess.run(_as_postgres([_pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode,
-                                     "-w", "stop"]), capture_output=True)
+        subprocess.run(
+            _as_postgres([_pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"]),
+            capture_output=True,
+        )
 
     def restart_immediate(self) -> None:
         """Crash-stop (no checkpoint) and start again: recovery replays the WAL."""
@@ -124,8 +160,11 @@ class PrivatePostgres:
         """``ALTER SYSTEM SET`` each setting and reload (the running server)."""
         with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
             for name, value in settings.items():
-                conn.execute(psycopg.sql.SQL("ALTER SYSTEM SET {} = {}").format(
-                    psycopg.sql.Identifier(name), psycopg.sql.Literal(value)))
+                conn.execute(
+                    psycopg.sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                        psycopg.sql.Identifier(name), psycopg.sql.Literal(value)
+                    )
+                )
             conn.execute("SELECT pg_reload_conf()")
 
     def is_primary(self) -> bool:
@@ -188,13 +227,15 @@ class ReplicatedPostgres:
     def start(self) -> None:
         self.primary.start()
         with psycopg.connect(self.primary.url, autocommit=True) as conn:
-            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(
-                psycopg.sql.Identifier(self.dbname)))
+            conn.execute(
+                psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(self.dbname))
+            )
         self.standby = self._new_standby_of(self.primary)
         self.standby.start()
         self.primary.alter_system(
             synchronous_standby_names=self.STANDBY_NAME if self.synchronous else "",
-            synchronous_commit="on")
+            synchronous_commit="on",
+        )
         self.wait_streaming()
 
     def _new_standby_of(self, source: PrivatePostgres) -> PrivatePostgres:
@@ -203,8 +244,22 @@ class ReplicatedPostgres:
             shutil.chown(standby_dir, "postgres", "postgres")
         data = standby_dir / "data"
         try:
-            _run([_pg_bin("pg_basebackup"), "-D", str(data), "-h", "127.0.0.1", "-p",
-                  str(source.port), "-U", "postgres", "-X", "stream", "--checkpoint=fast"])
+            _run(
+                [
+                    _pg_bin("pg_basebackup"),
+                    "-D",
+                    str(data),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(source.port),
+                    "-U",
+                    "postgres",
+                    "-X",
+                    "stream",
+                    "--checkpoint=fast",
+                ]
+            )
         except BaseException:
             shutil.rmtree(standby_dir, ignore_errors=True)
             raise
@@ -218,19 +273,26 @@ class ReplicatedPostgres:
         standby of its own until one joins), ``primary_conninfo`` with the
         name the primary waits for."""
         auto = standby.data / "postgresql.auto.conf"
-        lines = [line for line in auto.read_text().splitlines()
-                 if not line.startswith(("primary_conninfo", "synchronous_standby_names"))]
-        lines += [f"primary_conninfo = 'host=127.0.0.1 port={source.port} user=postgres "
-                  f"application_name={self.STANDBY_NAME}'",
-                  "synchronous_standby_names = ''"]
+        lines = [
+            line
+            for line in auto.read_text().splitlines()
+            if not line.startswith(("primary_conninfo", "synchronous_standby_names"))
+        ]
+        lines += [
+            f"primary_conninfo = 'host=127.0.0.1 port={source.port} user=postgres "
+            f"application_name={self.STANDBY_NAME}'",
+            "synchronous_standby_names = ''",
+        ]
         _write_as_postgres(auto, "\n".join(lines) + "\n")
         _write_as_postgres(standby.data / "standby.signal", "")
 
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{server.port}" for server in self.servers())
-        return (f"postgresql://postgres@{hosts}/{self.dbname}"
-                "?target_session_attrs=read-write&connect_timeout=2")
+        return (
+            f"postgresql://postgres@{hosts}/{self.dbname}"
+            "?target_session_attrs=read-write&connect_timeout=2"
+        )
 
     def servers(self) -> list[PrivatePostgres]:
         """Every server the URL names: the killed primary stays in the list, as
@@ -244,9 +306,11 @@ class ReplicatedPostgres:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with psycopg.connect(self.primary.url, autocommit=True) as conn:
-                row = conn.execute("SELECT sync_state FROM pg_stat_replication"
-                                   " WHERE application_name = %s AND state = 'streaming'",
-                                   (self.STANDBY_NAME,)).fetchone()
+                row = conn.execute(
+                    "SELECT sync_state FROM pg_stat_replication"
+                    " WHERE application_name = %s AND state = 'streaming'",
+                    (self.STANDBY_NAME,),
+                ).fetchone()
             if row and row[0] == want:
                 return
             time.sleep(0.1)
@@ -264,8 +328,10 @@ class ReplicatedPostgres:
         synchronous primary's commits wait; an asynchronous one's do not).
         The sender dies with the primary (:meth:`kill_primary`)."""
         with psycopg.connect(self.primary.url, autocommit=True) as conn:
-            row = conn.execute("SELECT pid FROM pg_stat_replication WHERE application_name = %s",
-                               (self.STANDBY_NAME,)).fetchone()
+            row = conn.execute(
+                "SELECT pid FROM pg_stat_replication WHERE application_name = %s",
+                (self.STANDBY_NAME,),
+            ).fetchone()
         if row is None:
             raise RuntimeError("no WAL sender to stall")
         os.kill(row[0], signal.SIGSTOP)
@@ -291,14 +357,21 @@ class ReplicatedPostgres:
         # decides there is nothing to rewind.
         with psycopg.connect(self.primary.url, autocommit=True) as conn:
             conn.execute("CHECKPOINT")
-        _run([_pg_bin("pg_rewind"), "-D", str(old.data),
-              f"--source-server=host=127.0.0.1 port={self.primary.port} user=postgres"
-              " dbname=postgres"])
+        _run(
+            [
+                _pg_bin("pg_rewind"),
+                "-D",
+                str(old.data),
+                f"--source-server=host=127.0.0.1 port={self.primary.port} user=postgres"
+                " dbname=postgres",
+            ]
+        )
         self._follow(old, self.primary)
         old.start()
         self.standby = self.killed.pop()
         self.primary.alter_system(
-            synchronous_standby_names=self.STANDBY_NAME if self.synchronous else "")
+            synchronous_standby_names=self.STANDBY_NAME if self.synchronous else ""
+        )
         self.wait_streaming()
 
     def stop_standby(self) -> None:
@@ -319,8 +392,13 @@ class ReplicatedPostgres:
 
 #: Every server of a pair: streaming replication, and hot standby reads
 #: (the harness reads a standby to see what it holds).
-_REPLICATION = {"wal_level": "replica", "max_wal_senders": "10", "hot_standby": "on",
-                "wal_keep_size": "256MB", "wal_log_hints": "on"}
+_REPLICATION = {
+    "wal_level": "replica",
+    "max_wal_senders": "10",
+    "hot_standby": "on",
+    "wal_keep_size": "256MB",
+    "wal_log_hints": "on",
+}
 
 
 def _run(args: list[str]) -> None:
@@ -328,8 +406,10 @@ def _run(args: list[str]) -> None:
     standard error in the exception if it fails."""
     done = subprocess.run(_as_postgres(args), capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"{Path(args[0]).name} failed ({done.returncode}):\n"
-                           f"{done.stdout[-1500:]}{done.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{Path(args[0]).name} failed ({done.returncode}):\n"
+            f"{done.stdout[-1500:]}{done.stderr[-3000:]}"
+        )
 
 
 def _write_as_postgres(path: Path, text: str) -> None:
@@ -346,9 +426,22 @@ class PrivateRedis:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

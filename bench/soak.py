@@ -62,26 +62,47 @@ CHECKS = parse_blocks((Path(__file__).parent / "soak.sql").read_text())
 
 #: Short engine timings so every path (retry, reap, park) happens within minutes.
 ENGINE = {
-    "LEASE_SECONDS": "9", "GATEWAY_TIMEOUT_SECONDS": "2", "RETRY_DELAYS": "1s,1s,2s,2s,3s",
-    "SWEEP_INTERVAL_SECONDS": "0.5", "GATEWAY_RATE_LIMIT": "200", "CLAIM_BATCH": "100",
-    "CIRCUIT_OPEN_SECONDS": "3", "CIRCUIT_MIN_CALLS": "40", "CIRCUIT_FAILURE_RATIO": "0.6",
-    "MAX_LEASE_EXPIRIES": "5", "MESSAGE_GROUP_SIZE": "4", "DB_POOL_MAX": "8",
+    "LEASE_SECONDS": "9",
+    "GATEWAY_TIMEOUT_SECONDS": "2",
+    "RETRY_DELAYS": "1s,1s,2s,2s,3s",
+    "SWEEP_INTERVAL_SECONDS": "0.5",
+    "GATEWAY_RATE_LIMIT": "200",
+    "CLAIM_BATCH": "100",
+    "CIRCUIT_OPEN_SECONDS": "3",
+    "CIRCUIT_MIN_CALLS": "40",
+    "CIRCUIT_FAILURE_RATIO": "0.6",
+    "MAX_LEASE_EXPIRIES": "5",
+    "MESSAGE_GROUP_SIZE": "4",
+    "DB_POOL_MAX": "8",
 }
-FAULTS = {"decline_rate": 0.03, "error_rate": 0.05, "timeout_rate": 0.02,
-          "timeout_sleep_ms": 2500, "charge_then_drop_rate": 0.03, "rate_limit_per_s": 250,
-          "latency_ms": 5}
+FAULTS = {
+    "decline_rate": 0.03,
+    "error_rate": 0.05,
+    "timeout_rate": 0.02,
+    "timeout_sleep_ms": 2500,
+    "charge_then_drop_rate": 0.03,
+    "rate_limit_per_s": 250,
+    "latency_ms": 5,
+}
 DECLINE_AMOUNT, ALWAYS_503_AMOUNT = 40002, 50003
 #: With --gateway stripe: Stripe's 500 stored after charging, replayed for the key.
 STRIPE_FAULTS = {**FAULTS, "error_after_charge_rate": 0.02}
 #: With --gateway stripe: the engine polls waiting debits soon (GATEWAY_POLL_SECONDS),
 #: the stub settles them after a couple of seconds and loses, duplicates and
 #: reorders their signed events.
-STRIPE_ENGINE = {"GATEWAY": "stripe", "STRIPE_API_KEY": STRIPE_API_KEY,
-                 "STRIPE_WEBHOOK_SECRET": STRIPE_WEBHOOK_SECRET, "GATEWAY_POLL_SECONDS": "3"}
-STRIPE_EVENTS = {"webhook_loss_rate": 0.25, "webhook_duplicate_rate": 0.25,
-                 "webhook_reorder_ms": 1500, "webhook_retry_ms": 500,
-                 "enabled_events": ["payment_intent.succeeded",
-                                    "payment_intent.payment_failed"]}
+STRIPE_ENGINE = {
+    "GATEWAY": "stripe",
+    "STRIPE_API_KEY": STRIPE_API_KEY,
+    "STRIPE_WEBHOOK_SECRET": STRIPE_WEBHOOK_SECRET,
+    "GATEWAY_POLL_SECONDS": "3",
+}
+STRIPE_EVENTS = {
+    "webhook_loss_rate": 0.25,
+    "webhook_duplicate_rate": 0.25,
+    "webhook_reorder_ms": 1500,
+    "webhook_retry_ms": 500,
+    "enabled_events": ["payment_intent.succeeded", "payment_intent.payment_failed"],
+}
 STRIPE_SETTLE_SECONDS = 2.0
 
 
@@ -98,10 +119,28 @@ class Plan:
     rate_limit_bursts: int
 
 
-SHORT = Plan(payments=300, window=45, workers=2, worker_kills=8, scheduler_kills=3,
-             redis_losses=1, postgres_restarts=1, cancels=15, rate_limit_bursts=2)
-FULL = Plan(payments=5000, window=200, workers=3, worker_kills=90, scheduler_kills=20,
-            redis_losses=3, postgres_restarts=2, cancels=100, rate_limit_bursts=5)
+SHORT = Plan(
+    payments=300,
+    window=45,
+    workers=2,
+    worker_kills=8,
+    scheduler_kills=3,
+    redis_losses=1,
+    postgres_restarts=1,
+    cancels=15,
+    rate_limit_bursts=2,
+)
+FULL = Plan(
+    payments=5000,
+    window=200,
+    workers=3,
+    worker_kills=90,
+    scheduler_kills=20,
+    redis_losses=3,
+    postgres_restarts=2,
+    cancels=100,
+    rate_limit_bursts=5,
+)
 
 
 def drain_deadline(plan: Plan) -> float:
@@ -127,9 +166,16 @@ class Soak:
         self.pg = PrivatePostgres()
         self.redis = PrivateRedis()
         self.gateway_port, self.web_port = free_port(), free_port()
-        self.counts = {"worker_kills": 0, "scheduler_kills": 0, "redis_losses": 0,
-                       "postgres_restarts": 0, "cancels": 0, "cancelled": 0,
-                       "rate_limit_bursts": 0, "api_errors": 0}
+        self.counts = {
+            "worker_kills": 0,
+            "scheduler_kills": 0,
+            "redis_losses": 0,
+            "postgres_restarts": 0,
+            "cancels": 0,
+            "cancelled": 0,
+            "rate_limit_bursts": 0,
+            "api_errors": 0,
+        }
 
     # -------------------------------------------------------------- set-up
 
@@ -142,13 +188,20 @@ class Soak:
             ensure_partitions(conn, self.config)
             self.key, _ = create_api_key(conn, "soak")
         gateway_url = f"http://127.0.0.1:{self.gateway_port}"
-        env = {**ENGINE, **UNLIMITED_API, "DATABASE_URL": self.pg.url, "REDIS_URL": self.redis.url,
-               "GATEWAY_URL": gateway_url}
+        env = {
+            **ENGINE,
+            **UNLIMITED_API,
+            "DATABASE_URL": self.pg.url,
+            "REDIS_URL": self.redis.url,
+            "GATEWAY_URL": gateway_url,
+        }
         args = [*gateway_args(self.gateway_port), "--seed", "11"]
         if self.stripe:
             env.update(STRIPE_ENGINE, STRIPE_API_BASE=f"{gateway_url}/stripe")
-            args += stripe_args(settle_seconds=STRIPE_SETTLE_SECONDS, webhook_urls=(
-                f"http://127.0.0.1:{self.web_port}/v1/gateway-events/stripe",))
+            args += stripe_args(
+                settle_seconds=STRIPE_SETTLE_SECONDS,
+                webhook_urls=(f"http://127.0.0.1:{self.web_port}/v1/gateway-events/stripe",),
+            )
         self.procs = ProcessGroup(self.logdir, env)
         gateway = self.procs.start("gateway", args)
         wait_http(f"{gateway_url}/healthz", gateway)
@@ -158,11 +211,15 @@ class Soak:
             self.gateway.stripe(**STRIPE_EVENTS)
         web = self.procs.start("web", web_args(self.web_port, workers=2, threads=4))
         self.schedulers = [self.procs.start(f"scheduler-{n}", scheduler_args()) for n in range(2)]
-        self.workers = [self.procs.start(f"worker-{n}", worker_args(1, 8))
-                        for n in range(self.plan.workers)]
+        self.workers = [
+            self.procs.start(f"worker-{n}", worker_args(1, 8)) for n in range(self.plan.workers)
+        ]
         wait_http(f"http://127.0.0.1:{self.web_port}/healthz", web)
-        self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.web_port}", timeout=30,
-                                headers={"Authorization": f"Bearer {self.key}"})
+        self.api = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.web_port}",
+            timeout=30,
+            headers={"Authorization": f"Bearer {self.key}"},
+        )
 
     def stop(self) -> None:
         self.procs.stop()
@@ -185,12 +242,18 @@ class Soak:
             due = self.first_due + timedelta(seconds=self.plan.window * n / self.plan.payments)
             body = {"payee": f"merchant-{n % 13}", "amount": amount, "dueAt": due.isoformat()}
             if self.stripe:  # the magic amounts are the card surface's; Stripe's are methods
-                body.update(amount=self.rng.randint(100, 90_000), customer=f"cus_soak_{n % 40}",
-                            paymentMethod=stripe_test_method(n))
+                body.update(
+                    amount=self.rng.randint(100, 90_000),
+                    customer=f"cus_soak_{n % 40}",
+                    paymentMethod=stripe_test_method(n),
+                )
             for _ in range(5):  # an idempotent retry lands once
                 try:
-                    response = self.api.post("/v1/scheduled-payments", json=body,
-                                             headers={"Idempotency-Key": f"soak-{n}"})
+                    response = self.api.post(
+                        "/v1/scheduled-payments",
+                        json=body,
+                        headers={"Idempotency-Key": f"soak-{n}"},
+                    )
                     if response.status_code == 201:
                         return response.json()
                 except httpx.TransportError:
@@ -200,8 +263,10 @@ class Soak:
 
         with ThreadPoolExecutor(8) as pool:
             created = list(pool.map(create, range(self.plan.payments)))
-        print(f"created {len(created)} payments through the API, due over "
-              f"{self.plan.window:.0f}s from {self.first_due:%H:%M:%S}")
+        print(
+            f"created {len(created)} payments through the API, due over "
+            f"{self.plan.window:.0f}s from {self.first_due:%H:%M:%S}"
+        )
         return created
 
     # -------------------------------------------------------------- chaos
@@ -211,14 +276,22 @@ class Soak:
         plan, start = self.plan, time.monotonic()
         lead = max(0.0, (self.first_due - datetime.now(UTC)).total_seconds())
         span = lead + plan.window + 5
-        events = (["worker"] * plan.worker_kills + ["scheduler"] * plan.scheduler_kills
-                  + ["cancel"] * plan.cancels + ["burst"] * plan.rate_limit_bursts)
+        events = (
+            ["worker"] * plan.worker_kills
+            + ["scheduler"] * plan.scheduler_kills
+            + ["cancel"] * plan.cancels
+            + ["burst"] * plan.rate_limit_bursts
+        )
         self.rng.shuffle(events)
         # Redis losses and Postgres restarts at spread-out moments of the window.
-        timed = [(lead + plan.window * (i + 1) / (plan.redis_losses + 1), "redis")
-                 for i in range(plan.redis_losses)]
-        timed += [(lead + plan.window * (i + 0.5) / plan.postgres_restarts, "postgres")
-                  for i in range(plan.postgres_restarts)]
+        timed = [
+            (lead + plan.window * (i + 1) / (plan.redis_losses + 1), "redis")
+            for i in range(plan.redis_losses)
+        ]
+        timed += [
+            (lead + plan.window * (i + 0.5) / plan.postgres_restarts, "postgres")
+            for i in range(plan.postgres_restarts)
+        ]
         timed += [(lead + span * (i + 1) / (len(events) + 1), e) for i, e in enumerate(events)]
         for at, event in sorted(timed):
             time.sleep(max(0.0, start + at - time.monotonic()))
@@ -256,8 +329,11 @@ class Soak:
     def _cancel(self, created) -> None:
         """Cancel a payment falling due within the next couple of seconds."""
         now = datetime.now(UTC)
-        near = [p for p in created
-                if 0 <= (datetime.fromisoformat(p["dueAt"]) - now).total_seconds() < 2]
+        near = [
+            p
+            for p in created
+            if 0 <= (datetime.fromisoformat(p["dueAt"]) - now).total_seconds() < 2
+        ]
         if not near:
             return
         target = self.rng.choice(near)
@@ -281,8 +357,10 @@ class Soak:
                 with connect(self.config) as conn:
                     row = conn.execute(CHECKS["soak_open"], {"until": self._until()}).fetchone()
                 if row["n"] == 0:
-                    print(f"drained {time.monotonic() - started:.0f}s after the chaos "
-                          f"(deadline {deadline:.0f}s)")
+                    print(
+                        f"drained {time.monotonic() - started:.0f}s after the chaos "
+                        f"(deadline {deadline:.0f}s)"
+                    )
                     return True
             except Exception as exc:  # Postgres may still be recovering
                 print(f"  drain check failed: {exc}")
@@ -294,15 +372,22 @@ class Soak:
 
     def reconcile(self) -> int:
         if self.stripe:
-            days = sorted({datetime.fromtimestamp(c["created"], UTC).date().isoformat()
-                           for c in self.gateway.stripe_ledger()["charges"]})
+            days = sorted(
+                {
+                    datetime.fromtimestamp(c["created"], UTC).date().isoformat()
+                    for c in self.gateway.stripe_ledger()["charges"]
+                }
+            )
         else:
             days = sorted({c["created_at"][:10] for c in self.gateway.ledger()})
         code = 0
         for day in days:
-            result = subprocess.run([sys.executable, "-m", "paycron.cli", "reconcile",
-                                     "--date", day], env={**self.procs.env}, text=True,
-                                    capture_output=True)
+            result = subprocess.run(
+                [sys.executable, "-m", "paycron.cli", "reconcile", "--date", day],
+                env={**self.procs.env},
+                text=True,
+                capture_output=True,
+            )
             print(f"reconcile {day}: exit {result.returncode}")
             print("  " + result.stdout.strip().replace("\n", "\n  "))
             code = max(code, result.returncode)
@@ -313,8 +398,10 @@ class Soak:
         charges per payment id: the oracle."""
         if self.stripe:
             intents = self.gateway.stripe_ledger()["payment_intents"]
-            ledger = [{"reference": i["paycron_payment_id"], "amount": i["amount"],
-                       "status": i["status"]} for i in intents]
+            ledger = [
+                {"reference": i["paycron_payment_id"], "amount": i["amount"], "status": i["status"]}
+                for i in intents
+            ]
             return ledger, self.gateway.succeeded_per_payment_id()
         ledger = self.gateway.ledger()
         per_key = charges_per_key(ledger)
@@ -325,11 +412,12 @@ class Soak:
         stats = self.gateway.stats()
         succeeded = [c for c in ledger if c["status"] == "succeeded"]
         with connect(self.config) as conn:
-            rows = {str(r["id"]): r for r in conn.execute(
-                CHECKS["soak_payments"], {"until": self._until()})}
+            rows = {
+                str(r["id"]): r
+                for r in conn.execute(CHECKS["soak_payments"], {"until": self._until()})
+            }
             db = conn.execute(CHECKS["soak_counts"], {"until": self._until()}).fetchone()
-        completed_sum = sum(r["amount_minor"] for r in rows.values()
-                            if r["status"] == "COMPLETED")
+        completed_sum = sum(r["amount_minor"] for r in rows.values() if r["status"] == "COMPLETED")
         outcomes: dict[str, int] = {}
         for r in rows.values():
             name = r["status"] + (f" {r['failure_reason']}" if r["failure_reason"] else "")
@@ -342,42 +430,71 @@ class Soak:
             for event in self.gateway.stripe_events():
                 for delivery in event["deliveries"]:
                     fates[delivery["status"]] = fates.get(delivery["status"], 0) + 1
-            print(f"bank debits: {waits['waited']} waited for Stripe; settled by a signed event "
-                  f"{waits['by_event']}, by the poller {waits['by_poll']}; events stored "
-                  f"{waits['events_stored']} (pending {waits['events_pending']}); deliveries "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(fates.items())))
-        print(f"gateway: {stats['charge_requests']} charge requests, {len(succeeded)} charges, "
-              f"{stats.get('rate_limited', 0)} 429s, {stats.get('dropped', 0)} dropped after "
-              f"charging, {stats.get('timeouts', 0)} timeouts, {stats.get('errors', 0)} 5xx")
-        charged_not_completed = [c for c in succeeded
-                                 if rows.get(c["reference"], {}).get("status") != "COMPLETED"]
-        cancelled_charged = [c for c in ledger
-                             if rows.get(c["reference"], {}).get("status") == "CANCELLED"]
+            print(
+                f"bank debits: {waits['waited']} waited for Stripe; settled by a signed event "
+                f"{waits['by_event']}, by the poller {waits['by_poll']}; events stored "
+                f"{waits['events_stored']} (pending {waits['events_pending']}); deliveries "
+                + ", ".join(f"{k} {v}" for k, v in sorted(fates.items()))
+            )
+        print(
+            f"gateway: {stats['charge_requests']} charge requests, {len(succeeded)} charges, "
+            f"{stats.get('rate_limited', 0)} 429s, {stats.get('dropped', 0)} dropped after "
+            f"charging, {stats.get('timeouts', 0)} timeouts, {stats.get('errors', 0)} 5xx"
+        )
+        charged_not_completed = [
+            c for c in succeeded if rows.get(c["reference"], {}).get("status") != "COMPLETED"
+        ]
+        cancelled_charged = [
+            c for c in ledger if rows.get(c["reference"], {}).get("status") == "CANCELLED"
+        ]
         return [
             ("payments created", len(rows), len(rows) == self.plan.payments),
             ("every payment terminal by the deadline", db["open"], drained and db["open"] == 0),
-            ("max charges per payment id" if self.stripe else
-             "max charges per idempotency key (<= 1)", max(per_key.values(), default=0),
-             max(per_key.values(), default=0) <= 1),
-            ("charges for a payment not COMPLETED", len(charged_not_completed),
-             not charged_not_completed),
+            (
+                "max charges per payment id"
+                if self.stripe
+                else "max charges per idempotency key (<= 1)",
+                max(per_key.values(), default=0),
+                max(per_key.values(), default=0) <= 1,
+            ),
+            (
+                "charges for a payment not COMPLETED",
+                len(charged_not_completed),
+                not charged_not_completed,
+            ),
             ("CANCELLED payments charged", len(cancelled_charged), not cancelled_charged),
-            ("FAILED parked without a dead letter", db["parked_without_letter"],
-             db["parked_without_letter"] == 0),
-            ("FAILED without a reason", db["failed_without_reason"],
-             db["failed_without_reason"] == 0),
+            (
+                "FAILED parked without a dead letter",
+                db["parked_without_letter"],
+                db["parked_without_letter"] == 0,
+            ),
+            (
+                "FAILED without a reason",
+                db["failed_without_reason"],
+                db["failed_without_reason"] == 0,
+            ),
             # A call cut off by a kill has its row marked LEASE_EXPIRED, not an outcome.
-            ("gateway calls without an attempt row",
-             max(0, stats["charge_requests"] - db["call_rows"] - db["lease_expired_rows"]),
-             db["call_rows"] + db["lease_expired_rows"] >= stats["charge_requests"]),
-            ("attempt rows marked LEASE_EXPIRED (call cut off or never made)",
-             db["lease_expired_rows"], True),
+            (
+                "gateway calls without an attempt row",
+                max(0, stats["charge_requests"] - db["call_rows"] - db["lease_expired_rows"]),
+                db["call_rows"] + db["lease_expired_rows"] >= stats["charge_requests"],
+            ),
+            (
+                "attempt rows marked LEASE_EXPIRED (call cut off or never made)",
+                db["lease_expired_rows"],
+                True,
+            ),
             ("attempt rows left IN_FLIGHT (unmarked)", db["in_flight"], db["in_flight"] == 0),
-            ("sum charged - sum COMPLETED (minor units)",
-             sum(c["amount"] for c in succeeded) - completed_sum,
-             sum(c["amount"] for c in succeeded) == completed_sum),
-            ("terminal payments whose status has no event", db["missing_events"],
-             db["missing_events"] == 0),
+            (
+                "sum charged - sum COMPLETED (minor units)",
+                sum(c["amount"] for c in succeeded) - completed_sum,
+                sum(c["amount"] for c in succeeded) == completed_sum,
+            ),
+            (
+                "terminal payments whose status has no event",
+                db["missing_events"],
+                db["missing_events"] == 0,
+            ),
         ]
 
 
@@ -386,9 +503,13 @@ def main() -> None:
     parser.add_argument("--short", action="store_true", help="the CI form")
     parser.add_argument("--payments", type=int)
     parser.add_argument("--seed", type=int, default=20261130)
-    parser.add_argument("--gateway", choices=("fake", "stripe"), default="fake",
-                        help="charge through the fake's card API, or through the Stripe SDK "
-                             "against the fake's Stripe surface (bank debits, signed events)")
+    parser.add_argument(
+        "--gateway",
+        choices=("fake", "stripe"),
+        default="fake",
+        help="charge through the fake's card API, or through the Stripe SDK "
+        "against the fake's Stripe surface (bank debits, signed events)",
+    )
     args = parser.parse_args()
     plan = SHORT if args.short else FULL
     if args.payments:

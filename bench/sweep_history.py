@@ -64,9 +64,13 @@ def create_past_partitions(conn, days: int) -> None:
     today = datetime.now(UTC).date()
     for n in range(days, 0, -1):
         day = today - timedelta(days=n)
-        conn.execute(sql.SQL(q("create_partition")).format(
-            name=sql.Identifier(partition_name(day)), start=sql.Literal(day_start(day)),
-            end=sql.Literal(day_start(day + timedelta(days=1)))))
+        conn.execute(
+            sql.SQL(q("create_partition")).format(
+                name=sql.Identifier(partition_name(day)),
+                start=sql.Literal(day_start(day)),
+                end=sql.Literal(day_start(day + timedelta(days=1))),
+            )
+        )
 
 
 def load_history(conn, n: int, days: int, chunks: int = 10) -> float:
@@ -76,10 +80,21 @@ def load_history(conn, n: int, days: int, chunks: int = 10) -> float:
     started = time.monotonic()
     step = -(-n // chunks)
     for lo in range(0, n, step):
-        conn.execute(statement, {"first": first, "span": timedelta(days=days), "n": n,
-                                 "lo": lo, "hi": min(n, lo + step)})
-        print(f"  history rows {min(n, lo + step)}/{n} "
-              f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+        conn.execute(
+            statement,
+            {
+                "first": first,
+                "span": timedelta(days=days),
+                "n": n,
+                "lo": lo,
+                "hi": min(n, lo + step),
+            },
+        )
+        print(
+            f"  history rows {min(n, lo + step)}/{n} ({time.monotonic() - started:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return time.monotonic() - started
 
 
@@ -113,8 +128,10 @@ def explain_summary(conn) -> str:
         (row,) = done.args
     top = next(iter(row.values()))[0]
     shared = top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0)
-    return (f"the claim's lock step: planning {top['Planning Time']:.2f} ms, execution "
-            f"{top['Execution Time']:.2f} ms, {shared} shared buffers")
+    return (
+        f"the claim's lock step: planning {top['Planning Time']:.2f} ms, execution "
+        f"{top['Execution Time']:.2f} ms, {shared} shared buffers"
+    )
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -129,14 +146,17 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=1000)
     parser.add_argument("--limit", type=int, default=10, help="rows per claim")
     parser.add_argument("--days", type=int, default=90)
-    parser.add_argument("--block", type=int, default=50,
-                        help="claims per alternating block")
+    parser.add_argument("--block", type=int, default=50, help="claims per alternating block")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
-        urls = {"empty": stack.enter_context(private_database("paycron_bench_empty")),
-                "history": stack.enter_context(private_database("paycron_bench_hist"))}
-        conns = {name: stack.enter_context(connect(Config(database_url=url)))
-                 for name, url in urls.items()}
+        urls = {
+            "empty": stack.enter_context(private_database("paycron_bench_empty")),
+            "history": stack.enter_context(private_database("paycron_bench_hist")),
+        }
+        conns = {
+            name: stack.enter_context(connect(Config(database_url=url)))
+            for name, url in urls.items()
+        }
         for conn in conns.values():
             create_past_partitions(conn, args.days)
         load_seconds = load_history(conns["history"], args.history, args.days)
@@ -145,12 +165,19 @@ def main() -> None:
             bulk_insert(conn, args.pending)
             started = time.monotonic()
             conn.execute("VACUUM (ANALYZE) payments")
-            print(f"  {name}: VACUUM ANALYZE {time.monotonic() - started:.0f} s",
-                  file=sys.stderr, flush=True)
-        counts = {name: conn.execute(
-            "SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, "
-            "count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')) AS terminal "
-            "FROM payments").fetchone() for name, conn in conns.items()}
+            print(
+                f"  {name}: VACUUM ANALYZE {time.monotonic() - started:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        counts = {
+            name: conn.execute(
+                "SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, "
+                "count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')) AS terminal "
+                "FROM payments"
+            ).fetchone()
+            for name, conn in conns.items()
+        }
         partitions = {name: partition_count(conn) for name, conn in conns.items()}
         # Warm each session (relation caches of every partition) and show the plan's cost.
         plans = {name: explain_summary(conn) for name, conn in conns.items()}
@@ -159,8 +186,9 @@ def main() -> None:
         done = 0
         while done < args.claims:
             block = min(args.block, args.claims - done)
-            for name in (("empty", "history") if done // args.block % 2 == 0
-                         else ("history", "empty")):
+            for name in (
+                ("empty", "history") if done // args.block % 2 == 0 else ("history", "empty")
+            ):
                 conn = conns[name]
                 for _ in range(block):
                     started = time.perf_counter()
@@ -171,24 +199,38 @@ def main() -> None:
         plans_after = {name: explain_summary(conn) for name, conn in conns.items()}
     empty, history = timings["empty"], timings["history"]
     med_e, med_h = statistics.median(empty), statistics.median(history)
-    print(f"partitions: empty {partitions['empty']}, history {partitions['history']} "
-          f"(past {args.days} days created in both)")
-    print(f"rows: empty {counts['empty']['pending']} PENDING + {counts['empty']['terminal']} "
-          f"terminal; history {counts['history']['pending']} PENDING + "
-          f"{counts['history']['terminal']} terminal (loaded in {load_seconds:.0f} s; "
-          f"ids not carrying their due time in a 1% sample: {bad_ids})")
-    print(f"claims: {args.claims} x claim_due(limit={args.limit}) each, own transaction; "
-          f"rows claimed: empty {claimed['empty']}, history {claimed['history']}")
-    print(f"no history  : median {med_e:.2f} ms, p90 {percentile(empty, 0.9):.2f} ms, "
-          f"max {max(empty):.2f} ms")
-    print(f"{args.history // 1000}k history: median {med_h:.2f} ms, p90 "
-          f"{percentile(history, 0.9):.2f} ms, max {max(history):.2f} ms")
-    print(f"ratio history / empty (median): {med_h / med_e:.2f}   (target <= 1.2: "
-          f"{'met' if med_h / med_e <= 1.2 else 'MISSED'}); p90 ratio "
-          f"{percentile(history, 0.9) / percentile(empty, 0.9):.2f}")
+    print(
+        f"partitions: empty {partitions['empty']}, history {partitions['history']} "
+        f"(past {args.days} days created in both)"
+    )
+    print(
+        f"rows: empty {counts['empty']['pending']} PENDING + {counts['empty']['terminal']} "
+        f"terminal; history {counts['history']['pending']} PENDING + "
+        f"{counts['history']['terminal']} terminal (loaded in {load_seconds:.0f} s; "
+        f"ids not carrying their due time in a 1% sample: {bad_ids})"
+    )
+    print(
+        f"claims: {args.claims} x claim_due(limit={args.limit}) each, own transaction; "
+        f"rows claimed: empty {claimed['empty']}, history {claimed['history']}"
+    )
+    print(
+        f"no history  : median {med_e:.2f} ms, p90 {percentile(empty, 0.9):.2f} ms, "
+        f"max {max(empty):.2f} ms"
+    )
+    print(
+        f"{args.history // 1000}k history: median {med_h:.2f} ms, p90 "
+        f"{percentile(history, 0.9):.2f} ms, max {max(history):.2f} ms"
+    )
+    print(
+        f"ratio history / empty (median): {med_h / med_e:.2f}   (target <= 1.2: "
+        f"{'met' if med_h / med_e <= 1.2 else 'MISSED'}); p90 ratio "
+        f"{percentile(history, 0.9) / percentile(empty, 0.9):.2f}"
+    )
     for name in ("empty", "history"):
-        print(f"EXPLAIN ANALYZE one claim, {name:7s}: before {plans[name]}; after the claims "
-              f"{plans_after[name]}")
+        print(
+            f"EXPLAIN ANALYZE one claim, {name:7s}: before {plans[name]}; after the claims "
+            f"{plans_after[name]}"
+        )
 
 
 if __name__ == "__main__":

@@ -26,16 +26,20 @@ from paycron.store.transitions import claim_due
 
 BASELINE = parse_blocks((Path(__file__).parent / "baseline.sql").read_text())
 SETTINGS = {
-    "GATEWAY_RATE_LIMIT": "1000000", "CLAIM_BATCH": "500", "MESSAGE_GROUP_SIZE": "20",
-    "LEASE_SECONDS": "300", "GATEWAY_TIMEOUT_SECONDS": "5", "SWEEP_INTERVAL_SECONDS": "0.2",
+    "GATEWAY_RATE_LIMIT": "1000000",
+    "CLAIM_BATCH": "500",
+    "MESSAGE_GROUP_SIZE": "20",
+    "LEASE_SECONDS": "300",
+    "GATEWAY_TIMEOUT_SECONDS": "5",
+    "SWEEP_INTERVAL_SECONDS": "0.2",
     "DB_POOL_MAX": "20",
 }
 
 
-def run_paycron(database_url: str, n: int, *, worker_processes: int, worker_threads: int
-                ) -> dict:
-    system = System(database_url, SETTINGS, worker_processes=worker_processes,
-                    worker_threads=worker_threads)
+def run_paycron(database_url: str, n: int, *, worker_processes: int, worker_threads: int) -> dict:
+    system = System(
+        database_url, SETTINGS, worker_processes=worker_processes, worker_threads=worker_threads
+    )
     try:
         system.start_gateway()
         system.start_engine()
@@ -46,8 +50,13 @@ def run_paycron(database_url: str, n: int, *, worker_processes: int, worker_thre
         ledger = system.ledger()
     finally:
         system.stop()
-    return {"seconds": seconds, "per_second": n / seconds, "completed": completed,
-            "charges": len(ledger), "max_charges_per_key": max_charges_per_key(ledger)}
+    return {
+        "seconds": seconds,
+        "per_second": n / seconds,
+        "completed": completed,
+        "charges": len(ledger),
+        "max_charges_per_key": max_charges_per_key(ledger),
+    }
 
 
 def run_baseline(database_url: str, n: int, batch: int = 100) -> dict:
@@ -66,9 +75,11 @@ def run_baseline(database_url: str, n: int, batch: int = 100) -> dict:
                 break
             for claim in claims:
                 with conn.transaction():
-                    conn.execute(BASELINE["baseline_attempt_and_cas"], {
-                        "id": claim.payment_id, "due_at": claim.due_at,
-                        "attempt": claim.attempt}, prepare=True)
+                    conn.execute(
+                        BASELINE["baseline_attempt_and_cas"],
+                        {"id": claim.payment_id, "due_at": claim.due_at, "attempt": claim.attempt},
+                        prepare=True,
+                    )
                 done += 1
         seconds = time.monotonic() - started
     return {"seconds": seconds, "per_second": done / seconds, "completed": done}
@@ -81,16 +92,24 @@ def main() -> None:
     parser.add_argument("--worker-threads", type=int, default=16)
     args = parser.parse_args()
     with private_database() as url:
-        engine = run_paycron(url, args.payments, worker_processes=args.worker_processes,
-                             worker_threads=args.worker_threads)
+        engine = run_paycron(
+            url,
+            args.payments,
+            worker_processes=args.worker_processes,
+            worker_threads=args.worker_threads,
+        )
         baseline = run_baseline(url, args.payments)
     print(f"payments: {args.payments}")
-    print(f"paycron end to end : {engine['per_second']:8.0f} payments/s "
-          f"({engine['seconds']:.1f} s, completed {engine['completed']}, "
-          f"gateway charges {engine['charges']}, max charges/key "
-          f"{engine['max_charges_per_key']})")
-    print(f"raw SQL loop       : {baseline['per_second']:8.0f} payments/s "
-          f"({baseline['seconds']:.1f} s)")
+    print(
+        f"paycron end to end : {engine['per_second']:8.0f} payments/s "
+        f"({engine['seconds']:.1f} s, completed {engine['completed']}, "
+        f"gateway charges {engine['charges']}, max charges/key "
+        f"{engine['max_charges_per_key']})"
+    )
+    print(
+        f"raw SQL loop       : {baseline['per_second']:8.0f} payments/s "
+        f"({baseline['seconds']:.1f} s)"
+    )
     print(f"ratio paycron / raw: {engine['per_second'] / baseline['per_second']:.2f}")
 
 

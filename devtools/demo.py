@@ -57,19 +57,35 @@ from paycron.store.stats import lateness
 DECLINE_AMOUNT, ALWAYS_503_AMOUNT = 40002, 50003
 #: Short settings so retries and dead letters happen within the demo.
 DEMO_SETTINGS = {
-    "RETRY_DELAYS": "2s,2s,3s,3s,4s", "LEASE_SECONDS": "15", "GATEWAY_TIMEOUT_SECONDS": "2",
-    "SWEEP_INTERVAL_SECONDS": "0.5", "GATEWAY_RATE_LIMIT": "200", "CLAIM_BATCH": "100",
+    "RETRY_DELAYS": "2s,2s,3s,3s,4s",
+    "LEASE_SECONDS": "15",
+    "GATEWAY_TIMEOUT_SECONDS": "2",
+    "SWEEP_INTERVAL_SECONDS": "0.5",
+    "GATEWAY_RATE_LIMIT": "200",
+    "CLAIM_BATCH": "100",
 }
-DEMO_FAULTS = {"decline_rate": 0.04, "error_rate": 0.08, "charge_then_drop_rate": 0.03,
-               "timeout_rate": 0.02, "timeout_sleep_ms": 2500, "latency_ms": 20}
+DEMO_FAULTS = {
+    "decline_rate": 0.04,
+    "error_rate": 0.08,
+    "charge_then_drop_rate": 0.03,
+    "timeout_rate": 0.02,
+    "timeout_sleep_ms": 2500,
+    "latency_ms": 20,
+}
 #: With --gateway stripe: bank debits settle 5 s after they are accepted and
 #: their signed events reach the API (a fifth of them lost: the poller, every
 #: 5 s here, makes good); Stripe's stored 500s on top of the faults.
-STRIPE_SETTINGS = {"GATEWAY": "stripe", "STRIPE_API_KEY": STRIPE_API_KEY,
-                   "STRIPE_WEBHOOK_SECRET": STRIPE_WEBHOOK_SECRET, "GATEWAY_POLL_SECONDS": "5"}
+STRIPE_SETTINGS = {
+    "GATEWAY": "stripe",
+    "STRIPE_API_KEY": STRIPE_API_KEY,
+    "STRIPE_WEBHOOK_SECRET": STRIPE_WEBHOOK_SECRET,
+    "GATEWAY_POLL_SECONDS": "5",
+}
 STRIPE_FAULTS = {**DEMO_FAULTS, "decline_rate": 0.0, "error_after_charge_rate": 0.02}
-STRIPE_EVENTS = {"webhook_loss_rate": 0.2, "enabled_events": [
-    "payment_intent.succeeded", "payment_intent.payment_failed"]}
+STRIPE_EVENTS = {
+    "webhook_loss_rate": 0.2,
+    "enabled_events": ["payment_intent.succeeded", "payment_intent.payment_failed"],
+}
 STATUSES = ("PENDING", "PROCESSING", "AWAITING_GATEWAY", "COMPLETED", "FAILED", "CANCELLED")
 OPEN = ("PENDING", "PROCESSING", "AWAITING_GATEWAY")
 
@@ -101,8 +117,9 @@ def embedded_redis(workdir: Path) -> Iterator[str]:
             os.kill(pid, signal.SIGTERM)
 
 
-def create_payments(api: httpx.Client, count: int, window: float, *,
-                    stripe: bool = False) -> list[str]:
+def create_payments(
+    api: httpx.Client, count: int, window: float, *, stripe: bool = False
+) -> list[str]:
     """``count`` payments due over the next ``window`` seconds, a few of them
     with amounts the gateway always declines or always fails (at Stripe: a
     mix of its test payment methods, bank debits among them)."""
@@ -117,10 +134,14 @@ def create_payments(api: httpx.Client, count: int, window: float, *,
         due = start + timedelta(seconds=random.uniform(0, window))
         body = {"payee": f"merchant-{n % 7}", "amount": amount, "dueAt": due.isoformat()}
         if stripe:
-            body.update(amount=random.randint(100, 50_000), customer=f"cus_demo_{n % 20}",
-                        paymentMethod=stripe_test_method(n))
-        response = api.post("/v1/scheduled-payments", headers={"Idempotency-Key": f"demo-{n}"},
-                            json=body)
+            body.update(
+                amount=random.randint(100, 50_000),
+                customer=f"cus_demo_{n % 20}",
+                paymentMethod=stripe_test_method(n),
+            )
+        response = api.post(
+            "/v1/scheduled-payments", headers={"Idempotency-Key": f"demo-{n}"}, json=body
+        )
         response.raise_for_status()
         ids.append(response.json()["id"])
     return ids
@@ -134,8 +155,14 @@ def progress_table(counts: dict[str, int], elapsed: float) -> Table:
     return table
 
 
-def run_demo(config: Config, *, count: int = 300, window: float = 30.0,
-             deadline: float = 120.0, stripe: bool = False) -> int:
+def run_demo(
+    config: Config,
+    *,
+    count: int = 300,
+    window: float = 30.0,
+    deadline: float = 120.0,
+    stripe: bool = False,
+) -> int:
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="paycron-demo-")))
         database_url = config.database_url
@@ -153,18 +180,25 @@ def run_demo(config: Config, *, count: int = 300, window: float = 30.0,
             key, _ = apikeys.create_api_key(conn, f"demo-{uuid.uuid4().hex[:6]}")
 
         gateway_port, web_port = free_port(), free_port()
-        env = {**os.environ, **DEMO_SETTINGS, "DATABASE_URL": database_url,
-               "REDIS_URL": redis_url, "GATEWAY_URL": f"http://127.0.0.1:{gateway_port}",
-               "REDIS_NAMESPACE": f"paycron-demo-{uuid.uuid4().hex[:6]}", "PORT": str(web_port)}
+        env = {
+            **os.environ,
+            **DEMO_SETTINGS,
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "GATEWAY_URL": f"http://127.0.0.1:{gateway_port}",
+            "REDIS_NAMESPACE": f"paycron-demo-{uuid.uuid4().hex[:6]}",
+            "PORT": str(web_port),
+        }
         gateway_args_ = gateway_args(gateway_port)
         if stripe:
             env.update(STRIPE_SETTINGS, STRIPE_API_BASE=f"http://127.0.0.1:{gateway_port}/stripe")
-            gateway_args_ += stripe_args(settle_seconds=5, webhook_urls=(
-                f"http://127.0.0.1:{web_port}/v1/gateway-events/stripe",))
+            gateway_args_ += stripe_args(
+                settle_seconds=5,
+                webhook_urls=(f"http://127.0.0.1:{web_port}/v1/gateway-events/stripe",),
+            )
         procs = ProcessGroup(workdir, env)
         stack.callback(procs.stop)
-        wait_http(f"http://127.0.0.1:{gateway_port}/healthz",
-                  procs.start("gateway", gateway_args_))
+        wait_http(f"http://127.0.0.1:{gateway_port}/healthz", procs.start("gateway", gateway_args_))
         gateway = GatewayHandle(f"http://127.0.0.1:{gateway_port}")
         stack.callback(gateway.close)
         faults = STRIPE_FAULTS if stripe else DEMO_FAULTS
@@ -175,13 +209,18 @@ def run_demo(config: Config, *, count: int = 300, window: float = 30.0,
         procs.start("scheduler", scheduler_args())
         procs.start("worker", worker_args(1, 8))
         wait_http(f"http://127.0.0.1:{web_port}/readyz", web)
-        processor = ("Stripe (the official SDK against the fake Stripe)" if stripe
-                     else "the fake card API")
+        processor = (
+            "Stripe (the official SDK against the fake Stripe)" if stripe else "the fake card API"
+        )
         console.print(f"gateway: {processor}; faults: {faults}")
 
-        api = stack.enter_context(httpx.Client(
-            base_url=f"http://127.0.0.1:{web_port}",
-            headers={"Authorization": f"Bearer {key}"}, timeout=10))
+        api = stack.enter_context(
+            httpx.Client(
+                base_url=f"http://127.0.0.1:{web_port}",
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=10,
+            )
+        )
         started = datetime.now(UTC)
         ids = create_payments(api, count, window, stripe=stripe)
         console.print(f"created {len(ids)} payments through the API, due over {window:.0f}s")
@@ -216,18 +255,27 @@ def report(summary: dict, late: dict, ledger: list[dict], per_payment: dict[str,
     table = Table(title="outcomes")
     table.add_column("measure")
     table.add_column("value", justify="right")
-    for name in ("completed", "declined", "parked", "cancelled", "open", "retried",
-                 "lease_expired"):
+    for name in (
+        "completed",
+        "declined",
+        "parked",
+        "cancelled",
+        "open",
+        "retried",
+        "lease_expired",
+    ):
         label = {"parked": "dead-lettered", "retried": "retried (attempt > 1)"}.get(name, name)
         table.add_row(label, str(summary[name]))
     table.add_row("lateness p50 (s)", f"{late['p50'] or 0:.2f}")
     table.add_row("lateness p99 (s)", f"{late['p99'] or 0:.2f}")
     table.add_row("gateway charges", str(sum(1 for c in ledger if c["status"] == "succeeded")))
     table.add_row("max charges per payment", str(worst))
-    table.add_row("charged == completed amounts",
-                  str(charged == summary["completed_minor"]))
+    table.add_row("charged == completed amounts", str(charged == summary["completed_minor"]))
     console.print(table)
     ok = worst <= 1 and summary["open"] == 0 and charged == summary["completed_minor"]
-    console.print("[green]ledger check passed: at most one charge per payment[/]" if ok
-                  else "[red]check failed[/]")
+    console.print(
+        "[green]ledger check passed: at most one charge per payment[/]"
+        if ok
+        else "[red]check failed[/]"
+    )
     return 0 if ok else 1

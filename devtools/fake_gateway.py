@@ -41,8 +41,11 @@ def succeeded_per_payment_id(stripe_ledger: dict[str, list[dict]]) -> dict[str, 
 
 
 def stripe_args(
-    *, api_key: str | None = None, webhook_urls: tuple[str, ...] = (),
-    webhook_secrets: tuple[str, ...] = (), settle_seconds: float | None = None,
+    *,
+    api_key: str | None = None,
+    webhook_urls: tuple[str, ...] = (),
+    webhook_secrets: tuple[str, ...] = (),
+    settle_seconds: float | None = None,
     search_lag_seconds: float | None = None,
 ) -> list[str]:
     """Command-line options of `python -m gateway.fake` for the Stripe surface
@@ -103,14 +106,20 @@ class GatewayHandle:
     def charges_per_key(self) -> dict[str, int]:
         return charges_per_key(self.ledger())
 
-    def charge(self, row: dict, *, amount: int | None = None, currency: str = "USD",
-               key: str | None = None) -> dict:
+    def charge(
+        self, row: dict, *, amount: int | None = None, currency: str = "USD", key: str | None = None
+    ) -> dict:
         """Charge for payment ``row`` as a caller other than our worker would
         (a zombie, a lost answer): keyed by its id unless ``key`` is given."""
         response = self.http.post(
-            "/v1/charges", headers={"Idempotency-Key": key or str(row["id"])},
-            json={"amount": amount or row["amount_minor"], "currency": currency,
-                  "reference": str(row["id"])})
+            "/v1/charges",
+            headers={"Idempotency-Key": key or str(row["id"])},
+            json={
+                "amount": amount or row["amount_minor"],
+                "currency": currency,
+                "reference": str(row["id"]),
+            },
+        )
         if response.status_code != 201:  # a replay (200) or a refusal: no new charge
             raise RuntimeError(f"no charge made: {response.status_code} {response.text}")
         return response.json()
@@ -163,4 +172,3 @@ class GatewayHandle:
 
     def close(self) -> None:
         self.http.close()
-

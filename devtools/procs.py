@@ -75,12 +75,18 @@ class ProcessGroup:
         self.env = {**os.environ, **(env or {})}
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None
-              ) -> subprocess.Popen:
+    def start(
+        self, name: str, args: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         with (self.logdir / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT,
-                                    env={**self.env, **(env or {})}, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, *args],
+                cwd=REPO_ROOT,
+                env={**self.env, **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.procs.append(proc)
         return proc
 

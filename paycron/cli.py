@@ -98,8 +98,11 @@ def api_key_create(actor: str, admin: bool) -> None:
     """Create a key; it is printed once, alone on the last line."""
     with connect(_config()) as conn:
         key, row = apikeys.create_api_key(conn, actor, admin=admin)
-    click.echo(f"# actor={_printable(row['actor'])} prefix={row['prefix']} "
-               f"scopes={','.join(row['scopes'])}", err=False)
+    click.echo(
+        f"# actor={_printable(row['actor'])} prefix={row['prefix']} "
+        f"scopes={','.join(row['scopes'])}",
+        err=False,
+    )
     click.echo(key)
 
 
@@ -108,14 +111,20 @@ def api_key_list() -> None:
     with connect(_config()) as conn:
         for row in apikeys.list_api_keys(conn):
             state = "revoked" if row["revoked_at"] else "active"
-            click.echo(f"{row['prefix']}\t{_printable(row['actor'])}\t{','.join(row['scopes'])}"
-                       f"\t{state}\tid={row['id']}")
+            click.echo(
+                f"{row['prefix']}\t{_printable(row['actor'])}\t{','.join(row['scopes'])}"
+                f"\t{state}\tid={row['id']}"
+            )
 
 
 @api_key.command("revoke")
 @click.argument("prefix", required=False)
-@click.option("--id", "key_id", type=int, help="The key's id (api-key list), when a prefix "
-              "is shared by several keys.")
+@click.option(
+    "--id",
+    "key_id",
+    type=int,
+    help="The key's id (api-key list), when a prefix is shared by several keys.",
+)
 def api_key_revoke(prefix: str | None, key_id: int | None) -> None:
     """Revoke the key with PREFIX, or the one with --id."""
     if (prefix is None) == (key_id is None):
@@ -128,19 +137,27 @@ def api_key_revoke(prefix: str | None, key_id: int | None) -> None:
             revocation = apikeys.revoke_api_key(conn, prefix)
     row = revocation.revoked
     if revocation.ambiguous:
-        click.echo(f"{len(revocation.ambiguous)} active keys share prefix "
-                   f"{_printable(prefix)}; nothing revoked. Revoke one by its id:", err=True)
+        click.echo(
+            f"{len(revocation.ambiguous)} active keys share prefix "
+            f"{_printable(prefix)}; nothing revoked. Revoke one by its id:",
+            err=True,
+        )
         for shared in revocation.ambiguous:
-            click.echo(f"  paycron api-key revoke --id {shared['id']}"
-                       f"  # actor {_printable(shared['actor'])}", err=True)
+            click.echo(
+                f"  paycron api-key revoke --id {shared['id']}"
+                f"  # actor {_printable(shared['actor'])}",
+                err=True,
+            )
         sys.exit(1)
     if row is None:
         what = f"id {key_id}" if key_id is not None else f"prefix {_printable(prefix)}"
         click.echo(f"no active key with {what}", err=True)
         sys.exit(1)
-    click.echo(f"revoked {row['prefix']} ({_printable(row['actor'])}); web processes that "
-               f"checked it recently accept it for up to their API_KEY_CACHE_SECONDS more "
-               f"({config.api_key_cache_seconds:g} s in this environment)")
+    click.echo(
+        f"revoked {row['prefix']} ({_printable(row['actor'])}); web processes that "
+        f"checked it recently accept it for up to their API_KEY_CACHE_SECONDS more "
+        f"({config.api_key_cache_seconds:g} s in this environment)"
+    )
 
 
 def _payment_id(text: str) -> uuid.UUID:
@@ -155,8 +172,10 @@ def _printable(text: str) -> str:
     an operator's note) must not start a line of its own, move the cursor or
     reorder what follows. Control and other non-printing characters, tab
     (the column separator) and backslash print as Python escapes."""
-    return "".join(c if c.isprintable() and c != "\\" else
-                   c.encode("unicode_escape").decode("ascii") for c in text)
+    return "".join(
+        c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
 
 
 def _jsonable(value):
@@ -179,8 +198,10 @@ def dlq_list(as_json: bool, limit: int) -> None:
         click.echo(json.dumps(_jsonable(rows), indent=2))
         return
     for row in rows:
-        click.echo(f"{row['payment_id']}\t{row['reason']}\t{_printable(row['last_error'] or '-')}"
-                   f"\tparked {row['created_at']:%Y-%m-%dT%H:%M:%SZ}")
+        click.echo(
+            f"{row['payment_id']}\t{row['reason']}\t{_printable(row['last_error'] or '-')}"
+            f"\tparked {row['created_at']:%Y-%m-%dT%H:%M:%SZ}"
+        )
 
 
 @dlq.command("show")
@@ -197,9 +218,13 @@ def dlq_show(payment_id: str) -> None:
 
 def _dlq_action(action, payment_id: str, **kwargs) -> None:
     config = _config()
-    gateway = build_gateway(config, max_connections=1,
-                            call_limiter=CallLimiter(make_redis(config, timeout=2), config)
-                            if config.redis_url else None)
+    gateway = build_gateway(
+        config,
+        max_connections=1,
+        call_limiter=CallLimiter(make_redis(config, timeout=2), config)
+        if config.redis_url
+        else None,
+    )
     with connect(config) as conn:
         try:
             result = action(conn, gateway, _payment_id(payment_id), **kwargs)
@@ -211,8 +236,12 @@ def _dlq_action(action, payment_id: str, **kwargs) -> None:
     click.echo(f"{result.payment_id} {result.action}: {_printable(result.detail)}")
 
 
-_by = click.option("--by", default=getpass.getuser, show_default="your login",
-                   help="The operator, recorded with the action.")
+_by = click.option(
+    "--by",
+    default=getpass.getuser,
+    show_default="your login",
+    help="The operator, recorded with the action.",
+)
 
 
 @dlq.command("redrive")
@@ -237,14 +266,22 @@ def dlq_refund(payment_id: str, by: str) -> None:
 @click.option("--note", default=None, help="Why.")
 def dlq_dismiss(payment_id: str, by: str, note: str | None) -> None:
     """Close the dead letter without touching the gateway."""
-    _dlq_action(lambda conn, _gw, pid, **kw: dead_letters.dismiss(conn, pid, **kw),
-                payment_id, actor=by, note=note)
+    _dlq_action(
+        lambda conn, _gw, pid, **kw: dead_letters.dismiss(conn, pid, **kw),
+        payment_id,
+        actor=by,
+        note=note,
+    )
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--window-minutes", default=60, show_default=True,
-              help="Window for lateness and lease expiries.")
+@click.option(
+    "--window-minutes",
+    default=60,
+    show_default=True,
+    help="Window for lateness and lease expiries.",
+)
 def stats(as_json: bool, window_minutes: int) -> None:
     """Health numbers: backlog, oldest-due PENDING age, lateness, DLQ, partitions."""
     from datetime import timedelta
@@ -253,8 +290,9 @@ def stats(as_json: bool, window_minutes: int) -> None:
 
     config = _config()
     with connect(config) as conn:
-        figures = health_stats.health(conn, window=timedelta(minutes=window_minutes),
-                                      processor=config.gateway)
+        figures = health_stats.health(
+            conn, window=timedelta(minutes=window_minutes), processor=config.gateway
+        )
         figures["partitions_ahead_days"] = partitions.days_ahead(conn)
     if as_json:
         click.echo(json.dumps(_jsonable(figures), indent=2))

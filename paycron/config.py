@@ -98,8 +98,9 @@ class Config:
     claim_batch: int = setting(100, int)
     gateway_timeout_seconds: float = setting(10.0, parse_duration)
     #: With 5 delays a budget allows 6 gateway calls; the 6th retryable failure parks.
-    retry_delays: tuple[float, ...] = setting((60.0, 300.0, 1800.0, 7200.0, 43200.0),
-                                              parse_durations)
+    retry_delays: tuple[float, ...] = setting(
+        (60.0, 300.0, 1800.0, 7200.0, 43200.0), parse_durations
+    )
     #: Backoff jitter: each delay is multiplied by uniform(1 - j, 1 + j).
     retry_jitter: float = setting(0.2, float)
     max_lease_expiries: int = setting(5, int)
@@ -194,28 +195,34 @@ class Config:
         if self.gateway_max_in_flight < self.group_size:
             # a group larger than the bound is admitted only into an idle
             # process, and smaller groups could hold it off indefinitely
-            raise ConfigError("GATEWAY_MAX_IN_FLIGHT must be at least the message group size "
-                              f"({self.group_size})")
+            raise ConfigError(
+                f"GATEWAY_MAX_IN_FLIGHT must be at least the message group size ({self.group_size})"
+            )
         if self.web_statement_timeout < 0:
             raise ConfigError("WEB_STATEMENT_TIMEOUT must be >= 0 (0: no timeout)")
         if self.metrics_token is not None and len(self.metrics_token) < 16:
             raise ConfigError("METRICS_TOKEN must be at least 16 characters")
         if self.console_secret_key is not None and len(self.console_secret_key) < 32:
-            raise ConfigError("CONSOLE_SECRET_KEY must be at least 32 characters (it signs "
-                              "the console's sessions; e.g. python -c 'import secrets; "
-                              "print(secrets.token_urlsafe(32))')")
+            raise ConfigError(
+                "CONSOLE_SECRET_KEY must be at least 32 characters (it signs "
+                "the console's sessions; e.g. python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))')"
+            )
         if self.console_session_minutes <= 0:
             raise ConfigError("CONSOLE_SESSION_MINUTES must be > 0")
         if self.gateway == "stripe" and not self.stripe_api_key:
-            raise ConfigError("GATEWAY=stripe needs STRIPE_API_KEY (a secret key, sk_live_… "
-                              "or sk_test_…)")
+            raise ConfigError(
+                "GATEWAY=stripe needs STRIPE_API_KEY (a secret key, sk_live_… or sk_test_…)"
+            )
         if self.gateway_settle_margin_seconds < 0:
             raise ConfigError("GATEWAY_SETTLE_MARGIN_SECONDS must be >= 0")
         if self.gateway_key_retention_seconds <= 2 * self.in_flight_bound_seconds:
             # a key must outlive the calls made under it, with room to look up
-            raise ConfigError("GATEWAY_KEY_RETENTION_SECONDS must be more than twice the "
-                              "in-flight bound (LEASE_SECONDS + GATEWAY_TIMEOUT_SECONDS + "
-                              "GATEWAY_SETTLE_MARGIN_SECONDS)")
+            raise ConfigError(
+                "GATEWAY_KEY_RETENTION_SECONDS must be more than twice the "
+                "in-flight bound (LEASE_SECONDS + GATEWAY_TIMEOUT_SECONDS + "
+                "GATEWAY_SETTLE_MARGIN_SECONDS)"
+            )
         if len(self.default_currency) != 3:
             raise ConfigError("DEFAULT_CURRENCY must be an ISO 4217 code")
 
@@ -223,8 +230,9 @@ class Config:
     def in_flight_bound_seconds(self) -> float:
         """From a claim to the last moment its call can land (SPEC §3): the
         lease, then the call's timeout, then the processor's own processing."""
-        return (self.lease_seconds + self.gateway_timeout_seconds
-                + self.gateway_settle_margin_seconds)
+        return (
+            self.lease_seconds + self.gateway_timeout_seconds + self.gateway_settle_margin_seconds
+        )
 
     @property
     def needs_customer(self) -> bool:

@@ -52,9 +52,12 @@ class CancelRefused(PaycronError):
     """A cancel the API refuses; ``code`` is the :class:`CancelOutcome` that says why."""
 
     def __init__(self, outcome: str):
-        detail = ("an earlier call may have charged it; it cannot be cancelled until "
-                  "the gateway's answer is known" if outcome == "OUTCOME_IN_DOUBT"
-                  else "the payment can no longer be cancelled")
+        detail = (
+            "an earlier call may have charged it; it cannot be cancelled until "
+            "the gateway's answer is known"
+            if outcome == "OUTCOME_IN_DOUBT"
+            else "the payment can no longer be cancelled"
+        )
         super().__init__(detail)
         self.code = str(outcome)
 

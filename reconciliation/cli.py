@@ -35,15 +35,22 @@ def summary(result: RunResult) -> str:
     lines = [f"reconciliation {run['day']} run {run['id']} (source: {run['source']})"]
     lines += [f"{name:26} {value}" for name, value in result.counts().items()]
     for item in result.mismatches:
-        lines.append(f"MISMATCH {item.kind.value} payment={item.payment_id or '-'} "
-                     f"charge={item.charge_id or '-'}")
+        lines.append(
+            f"MISMATCH {item.kind.value} payment={item.payment_id or '-'} "
+            f"charge={item.charge_id or '-'}"
+        )
     return "\n".join(lines)
 
 
 @click.command()
 @click.option("--date", "day", required=True, help="The UTC day to reconcile, YYYY-MM-DD.")
-@click.option("--report", "report_file", type=click.Path(exists=True, dir_okay=False),
-              default=None, help="A settlement report CSV; fetched from the gateway if omitted.")
+@click.option(
+    "--report",
+    "report_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A settlement report CSV; fetched from the gateway if omitted.",
+)
 def reconcile(day: str, report_file: str | None) -> None:
     """Diff the gateway's settlement report for DAY against our attempts, both ways."""
     try:
@@ -51,8 +58,7 @@ def reconcile(day: str, report_file: str | None) -> None:
             raise ValueError(day)
         the_day = date.fromisoformat(day)
     except ValueError:
-        raise click.BadParameter(f"not a YYYY-MM-DD date: {day!r}",
-                                 param_hint="--date") from None
+        raise click.BadParameter(f"not a YYYY-MM-DD date: {day!r}", param_hint="--date") from None
     gateway = None
     try:
         config = Config.from_env()
@@ -62,9 +68,12 @@ def reconcile(day: str, report_file: str | None) -> None:
             charges, source = read_file(report_file), "file"
         else:
             gateway = build_gateway(
-                config, max_connections=4,
+                config,
+                max_connections=4,
                 call_limiter=CallLimiter(make_redis(config, timeout=2), config)
-                if config.redis_url else None)
+                if config.redis_url
+                else None,
+            )
             charges, source = fetch_window(gateway, the_day), "gateway"
         with connect(config) as conn:
             result = reconcile_day(conn, the_day, charges, source=source, gateway=gateway)

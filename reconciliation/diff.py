@@ -103,12 +103,16 @@ class Diff:
 
 
 def _payment_detail(payment: PaymentView) -> dict:
-    return {"paymentStatus": payment.status.value, "paymentAmount": payment.amount_minor,
-            "paymentCurrency": payment.currency}
+    return {
+        "paymentStatus": payment.status.value,
+        "paymentAmount": payment.amount_minor,
+        "paymentCurrency": payment.currency,
+    }
 
 
-def judge_charge(charge: ReportCharge, payment: PaymentView | None, *,
-                 duplicated: bool = False) -> tuple[Verdict, list[Item]]:
+def judge_charge(
+    charge: ReportCharge, payment: PaymentView | None, *, duplicated: bool = False
+) -> tuple[Verdict, list[Item]]:
     """One charge against its payment (None: no payment of ours has its
     reference). ``duplicated``: its key holds another succeeded charge (that
     page is raised once per key by :func:`classify`, not here)."""
@@ -123,11 +127,9 @@ def judge_charge(charge: ReportCharge, payment: PaymentView | None, *,
         detail.update(_payment_detail(payment))
         return Verdict.DEFERRED, [Item(ItemKind.DEFERRED, payment.id, charge.id, detail)]
     if charge.status != SUCCEEDED:
-        return Verdict.MISMATCH, [Item(ItemKind.UNEXPECTED_CHARGE_STATUS, pid,
-                                       charge.id, detail)]
+        return Verdict.MISMATCH, [Item(ItemKind.UNEXPECTED_CHARGE_STATUS, pid, charge.id, detail)]
     if payment is None:
-        return Verdict.MISMATCH, [Item(ItemKind.UNKNOWN_REFERENCE, pid, charge.id,
-                                       detail)]
+        return Verdict.MISMATCH, [Item(ItemKind.UNKNOWN_REFERENCE, pid, charge.id, detail)]
     detail.update(_payment_detail(payment))
     pages = []
     if charge.amount != payment.amount_minor:
@@ -171,15 +173,23 @@ def _duplicates(day: date, charges: Sequence[ReportCharge]) -> tuple[set[str], l
         keys.add(key)
         on_day = [c for c in group[1:] if c.day == day] or [c for c in group if c.day == day]
         if on_day:
-            items.append(Item(ItemKind.DUPLICATE_CHARGE, parse_payment_id(group[0].reference),
-                              on_day[0].id,
-                              {"reference": key, "charges": [c.as_detail() for c in group]}))
+            items.append(
+                Item(
+                    ItemKind.DUPLICATE_CHARGE,
+                    parse_payment_id(group[0].reference),
+                    on_day[0].id,
+                    {"reference": key, "charges": [c.as_detail() for c in group]},
+                )
+            )
     return keys, items
 
 
-def classify(day: date, charges: Iterable[ReportCharge],
-             payments: Mapping[uuid.UUID, PaymentView],
-             completions: Iterable[Completion]) -> Diff:
+def classify(
+    day: date,
+    charges: Iterable[ReportCharge],
+    payments: Mapping[uuid.UUID, PaymentView],
+    completions: Iterable[Completion],
+) -> Diff:
     """Both directions for ``day``.
 
     ``charges``: every charge read (the day's report and its neighbours, or
@@ -192,8 +202,9 @@ def classify(day: date, charges: Iterable[ReportCharge],
     duplicated, diff.items = _duplicates(day, charges)
     for charge in (c for c in charges if c.day == day):
         pid = parse_payment_id(charge.reference)
-        verdict, items = judge_charge(charge, payments.get(pid) if pid else None,
-                                      duplicated=charge.reference in duplicated)
+        verdict, items = judge_charge(
+            charge, payments.get(pid) if pid else None, duplicated=charge.reference in duplicated
+        )
         diff.tally[verdict.value] += 1
         diff.items.extend(items)
         if verdict is Verdict.REPAIR:
@@ -205,8 +216,11 @@ def classify(day: date, charges: Iterable[ReportCharge],
         if str(done.payment_id) in charged:
             continue
         payment = payments.get(done.payment_id)
-        detail = {"outcome": done.outcome, "gatewayRef": done.gateway_ref,
-                  "finishedAt": done.finished_at.isoformat(),
-                  **(_payment_detail(payment) if payment else {})}
+        detail = {
+            "outcome": done.outcome,
+            "gatewayRef": done.gateway_ref,
+            "finishedAt": done.finished_at.isoformat(),
+            **(_payment_detail(payment) if payment else {}),
+        }
         diff.items.append(Item(ItemKind.COMPLETED_WITHOUT_CHARGE, done.payment_id, None, detail))
     return diff

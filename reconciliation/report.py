@@ -22,8 +22,18 @@ from reconciliation.errors import ReconciliationError
 #: One charge of a settlement report (``amount`` in minor units).
 ReportCharge = Charge
 
-__all__ = ["COLUMNS", "FAILED", "PROCESSING", "REFUNDED", "SUCCEEDED", "ReportCharge",
-           "fetch_window", "parse_report", "read_file", "window"]
+__all__ = [
+    "COLUMNS",
+    "FAILED",
+    "PROCESSING",
+    "REFUNDED",
+    "SUCCEEDED",
+    "ReportCharge",
+    "fetch_window",
+    "parse_report",
+    "read_file",
+    "window",
+]
 
 
 def parse_report(text: str, *, source: str = "report") -> list[Charge]:

@@ -64,39 +64,54 @@ class RunResult:
     def counts(self) -> dict[str, int]:
         """Every class, in a fixed order (zeros included): the summary."""
         kinds = Counter(i.kind for i in self.items)
-        figures = {name: self.tally[name] for name in
-                   ("charges", "matched", "refunded", "completions", "matched_by_lookup")}
+        figures = {
+            name: self.tally[name]
+            for name in ("charges", "matched", "refunded", "completions", "matched_by_lookup")
+        }
         figures.update({kind.value.lower(): kinds[kind] for kind in ItemKind})
         figures["mismatches"] = len(self.mismatches)
         return figures
 
 
-def _repair(conn: Connection, run_id: int, repair: Repair, before: PaymentView,
-            tally: Counter) -> list[Item]:
+def _repair(
+    conn: Connection, run_id: int, repair: Repair, before: PaymentView, tally: Counter
+) -> list[Item]:
     """Complete the payment from the charge, or say why not after a fresh read."""
     charge = repair.charge
     detail = {"charge": charge.as_detail(), "paymentStatus": before.status.value}
     with conn.transaction():
-        if transitions.complete_from_gateway(conn, repair.payment_id, outcome=Outcome.RECONCILED,
-                                             gateway_ref=charge.id, actor=ACTOR):
+        if transitions.complete_from_gateway(
+            conn, repair.payment_id, outcome=Outcome.RECONCILED, gateway_ref=charge.id, actor=ACTOR
+        ):
             item = Item(ItemKind.REPAIRED, repair.payment_id, charge.id, detail)
             store.record_items(conn, run_id, [item])
-            log.info("reconciliation repaired payment=%s charge=%s from=%s", repair.payment_id,
-                     charge.id, before.status.value)
+            log.info(
+                "reconciliation repaired payment=%s charge=%s from=%s",
+                repair.payment_id,
+                charge.id,
+                before.status.value,
+            )
             return [item]
     # Lost: a worker, a human or a cancel moved it since it was read.
     now = store.load_payments(conn, [repair.payment_id]).get(repair.payment_id)
     verdict, items = judge_charge(charge, now)
     if verdict is Verdict.REPAIR:  # moved and came back: a later run tries again
-        return [Item(ItemKind.DEFERRED, repair.payment_id, charge.id,
-                     {**detail, "reason": "repair lost its compare-and-swap"})]
+        return [
+            Item(
+                ItemKind.DEFERRED,
+                repair.payment_id,
+                charge.id,
+                {**detail, "reason": "repair lost its compare-and-swap"},
+            )
+        ]
     if verdict is Verdict.MATCHED:
         tally["matched"] += 1
     return items
 
 
-def _confirm_missing(conn: Connection, gateway: Gateway, items: list[Item],
-                     tally: Counter) -> list[Item]:
+def _confirm_missing(
+    conn: Connection, gateway: Gateway, items: list[Item], tally: Counter
+) -> list[Item]:
     """Ask the gateway by reference about each COMPLETED_WITHOUT_CHARGE before
     paging: a charge made outside the three days (a re-drive's lookup days
     later) is still a charge. A failed lookup pages: nothing was proven."""
@@ -109,8 +124,9 @@ def _confirm_missing(conn: Connection, gateway: Gateway, items: list[Item],
         try:
             lookup = lookups.look_up(gateway, payment)
         except GatewayError as exc:
-            kept.append(Item(item.kind, item.payment_id, None,
-                             {**item.detail, "lookupError": str(exc)}))
+            kept.append(
+                Item(item.kind, item.payment_id, None, {**item.detail, "lookupError": str(exc)})
+            )
             continue
         if lookup.answer is Answer.CHARGED:
             tally["matched_by_lookup"] += 1
@@ -123,8 +139,14 @@ def referenced_ids(charges: Iterable[ReportCharge]) -> set[uuid.UUID]:
     return {pid for c in charges if (pid := parse_payment_id(c.reference)) is not None}
 
 
-def reconcile_day(conn: Connection, day: date, charges: Iterable[ReportCharge], *,
-                  source: str, gateway: Gateway | None = None) -> RunResult:
+def reconcile_day(
+    conn: Connection,
+    day: date,
+    charges: Iterable[ReportCharge],
+    *,
+    source: str,
+    gateway: Gateway | None = None,
+) -> RunResult:
     """Reconcile ``day`` against ``charges`` (the reports of the day and its
     neighbours, or one file); ``gateway`` set: confirm missing charges by
     reference before paging. Stores the run, pages each mismatch."""
@@ -135,9 +157,11 @@ def reconcile_day(conn: Connection, day: date, charges: Iterable[ReportCharge], 
         log.warning("reconciliation: the report holds no charge created on %s", day)
     completions = store.completions_on(conn, day)
     payments = store.load_payments(
-        conn, referenced_ids(of_day) | {c.payment_id for c in completions})
-    completed = [c for c in completions
-                 if (p := payments.get(c.payment_id)) and p.status is Status.COMPLETED]
+        conn, referenced_ids(of_day) | {c.payment_id for c in completions}
+    )
+    completed = [
+        c for c in completions if (p := payments.get(c.payment_id)) and p.status is Status.COMPLETED
+    ]
     diff = classify(day, charges, payments, completed)
     tally = Counter(diff.tally)
     tally["charges"] = len(of_day)
@@ -153,12 +177,20 @@ def reconcile_day(conn: Connection, day: date, charges: Iterable[ReportCharge], 
     with conn.transaction():
         store.record_items(conn, run_id, found)
         run = store.finish_run(
-            conn, run_id, charges_seen=len(of_day), repaired=len(repaired),
+            conn,
+            run_id,
+            charges_seen=len(of_day),
+            repaired=len(repaired),
             deferred=sum(i.kind is ItemKind.DEFERRED for i in items),
-            mismatches=sum(i.kind.pages for i in items))
+            mismatches=sum(i.kind.pages for i in items),
+        )
     result = RunResult(run, items, tally)
     for item in result.mismatches:
         page(item, day=day, run_id=run_id)
-    log.info("reconciliation day=%s run=%d %s", day, run_id,
-             " ".join(f"{k}={v}" for k, v in result.counts().items() if v))
+    log.info(
+        "reconciliation day=%s run=%d %s",
+        day,
+        run_id,
+        " ".join(f"{k}={v}" for k, v in result.counts().items() if v),
+    )
     return result

@@ -38,21 +38,28 @@ def load_payments(conn: Connection, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID,
     for day, day_ids in sorted(by_day.items()):
         bounds = {"due_from": day_start(day), "due_to": day_start(day + timedelta(days=1))}
         for i in range(0, len(day_ids), CHUNK):
-            for row in conn.execute(QUERIES["payments_due_within"],
-                                    {"ids": day_ids[i:i + CHUNK], **bounds}):
-                found[row["id"]] = PaymentView(row["id"], Status(row["status"]),
-                                               row["amount_minor"], row["currency"].strip())
+            for row in conn.execute(
+                QUERIES["payments_due_within"], {"ids": day_ids[i : i + CHUNK], **bounds}
+            ):
+                found[row["id"]] = PaymentView(
+                    row["id"], Status(row["status"]), row["amount_minor"], row["currency"].strip()
+                )
     return found
 
 
 def completions_on(conn: Connection, day: date) -> list[Completion]:
     """Every payment success recorded by an attempt finished on ``day`` (UTC)."""
-    rows = conn.execute(QUERIES["completions_finished_within"], {
-        "day_from": day_start(day), "day_to": day_start(day + timedelta(days=1)),
-        "started_from": day_start(day - timedelta(days=1)),
-    }).fetchall()
-    return [Completion(r["payment_id"], r["outcome"], r["gateway_ref"], r["finished_at"])
-            for r in rows]
+    rows = conn.execute(
+        QUERIES["completions_finished_within"],
+        {
+            "day_from": day_start(day),
+            "day_to": day_start(day + timedelta(days=1)),
+            "started_from": day_start(day - timedelta(days=1)),
+        },
+    ).fetchall()
+    return [
+        Completion(r["payment_id"], r["outcome"], r["gateway_ref"], r["finished_at"]) for r in rows
+    ]
 
 
 def start_run(conn: Connection, day: date, *, source: str) -> dict:
@@ -62,18 +69,34 @@ def start_run(conn: Connection, day: date, *, source: str) -> dict:
 def record_items(conn: Connection, run_id: int, items: Sequence[Item]) -> None:
     if not items:
         return
-    conn.execute(QUERIES["record_items"], {
-        "run_id": run_id,
-        "kinds": [i.kind.value for i in items],
-        "payment_ids": [i.payment_id for i in items],
-        "charge_ids": [i.charge_id for i in items],
-        "details": [json.dumps(i.detail, sort_keys=True) for i in items],
-    })
+    conn.execute(
+        QUERIES["record_items"],
+        {
+            "run_id": run_id,
+            "kinds": [i.kind.value for i in items],
+            "payment_ids": [i.payment_id for i in items],
+            "charge_ids": [i.charge_id for i in items],
+            "details": [json.dumps(i.detail, sort_keys=True) for i in items],
+        },
+    )
 
 
-def finish_run(conn: Connection, run_id: int, *, charges_seen: int, repaired: int,
-               deferred: int, mismatches: int) -> dict:
-    return conn.execute(QUERIES["finish_run"], {
-        "run_id": run_id, "charges_seen": charges_seen, "repaired": repaired,
-        "deferred": deferred, "mismatches": mismatches,
-    }).fetchone()
+def finish_run(
+    conn: Connection,
+    run_id: int,
+    *,
+    charges_seen: int,
+    repaired: int,
+    deferred: int,
+    mismatches: int,
+) -> dict:
+    return conn.execute(
+        QUERIES["finish_run"],
+        {
+            "run_id": run_id,
+            "charges_seen": charges_seen,
+            "repaired": repaired,
+            "deferred": deferred,
+            "mismatches": mismatches,
+        },
+    ).fetchone()

@@ -77,15 +77,25 @@ def build(config: Config) -> Scheduler:
 
     breaker = CircuitBreaker(client, config)
     services = [
-        Sweeper(settings=SweepSettings.from_config(config), pool=pool,
-                pacer=ClaimPacer(client, config), breaker=breaker, enqueue=enqueue),
+        Sweeper(
+            settings=SweepSettings.from_config(config),
+            pool=pool,
+            pacer=ClaimPacer(client, config),
+            breaker=breaker,
+            enqueue=enqueue,
+        ),
         Reaper(config=config, pool=pool),
         PartitionKeeper(config=config, pool=pool),
         WebhookRelay(pool=relay_pool, config=relay_config),
         # Retrieves take tokens from the workers' call window: polling never
         # pushes charges past the processor's rate limit.
-        GatewayEventService(config=config, pool=events_pool, gateway=build_gateway(
-            config, max_connections=4, call_limiter=CallLimiter(client, config))),
+        GatewayEventService(
+            config=config,
+            pool=events_pool,
+            gateway=build_gateway(
+                config, max_connections=4, call_limiter=CallLimiter(client, config)
+            ),
+        ),
     ]
     return Scheduler(services=services, pools=[pool, relay_pool, events_pool], broker=broker)
 
@@ -98,9 +108,13 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    log.info("scheduler started: rate=%s/s batch=%s lease=%ss group=%s",
-             config.gateway_rate_limit, config.claim_batch, config.lease_seconds,
-             config.group_size)
+    log.info(
+        "scheduler started: rate=%s/s batch=%s lease=%ss group=%s",
+        config.gateway_rate_limit,
+        config.claim_batch,
+        config.lease_seconds,
+        config.group_size,
+    )
     scheduler.run(stop)
 
 

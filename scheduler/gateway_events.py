@@ -62,8 +62,15 @@ class GatewayEventService(PeriodicService):
     name = "gateway-events"
     interval_seconds = 1.0
 
-    def __init__(self, *, config: Config, pool: ConnectionPool, gateway: Gateway,
-                 batch: int = BATCH, concurrency: int = CONCURRENCY):
+    def __init__(
+        self,
+        *,
+        config: Config,
+        pool: ConnectionPool,
+        gateway: Gateway,
+        batch: int = BATCH,
+        concurrency: int = CONCURRENCY,
+    ):
         self.config = config
         self.pool = pool
         self.gateway = gateway
@@ -91,8 +98,10 @@ class GatewayEventService(PeriodicService):
 
     def _apply_events(self, counts: EventCounts) -> int:
         with self.pool.connection() as conn:
-            events = conn.execute(q("claim_pending_gateway_events"), {
-                "limit": self.batch, "claim_seconds": EVENT_CLAIM_SECONDS}).fetchall()
+            events = conn.execute(
+                q("claim_pending_gateway_events"),
+                {"limit": self.batch, "claim_seconds": EVENT_CLAIM_SECONDS},
+            ).fetchall()
         for outcome in self.calls.map(self._apply, events):
             counts.add(outcome)
         return len(events)
@@ -108,19 +117,22 @@ class GatewayEventService(PeriodicService):
         try:
             charge = self.gateway.retrieve(event["intent_id"])
         except Exception as exc:  # the processor is down: the event waits
-            log.warning("gateway event %s: retrieve failed (%s)", event["id"],
-                        type(exc).__name__)
+            log.warning("gateway event %s: retrieve failed (%s)", event["id"], type(exc).__name__)
             counts.failed += 1
             return self._later(event, key, Result.NOT_YET, counts)
         if charge.reference != str(event["payment_id"]):
             # Signed, but not what the processor holds: nothing changes.
-            log.warning("gateway event %s names payment %s, the processor's %s says %r",
-                        event["id"], event["payment_id"], charge.id, charge.reference)
+            log.warning(
+                "gateway event %s names payment %s, the processor's %s says %r",
+                event["id"],
+                event["payment_id"],
+                charge.id,
+                charge.reference,
+            )
             result = Result.DISAGREES
         else:
             with self.pool.connection() as conn:
-                result = gateway_events.settle(conn, event["payment_id"], charge,
-                                               actor=EVENT_ACTOR)
+                result = gateway_events.settle(conn, event["payment_id"], charge, actor=EVENT_ACTOR)
         if result is Result.NOT_YET and event["attempts"] + 1 < EVENT_MAX_ATTEMPTS:
             counts.waiting += 1
             return self._later(event, key, result, counts)
@@ -134,10 +146,8 @@ class GatewayEventService(PeriodicService):
         counts.paged += result is Result.PAGED
         return counts
 
-    def _later(self, event: dict, key: dict, result: Result,
-               counts: EventCounts) -> EventCounts:
-        delay = min(EVENT_RETRY_SECONDS * 2 ** min(event["attempts"], 16),
-                    EVENT_RETRY_MAX_SECONDS)
+    def _later(self, event: dict, key: dict, result: Result, counts: EventCounts) -> EventCounts:
+        delay = min(EVENT_RETRY_SECONDS * 2 ** min(event["attempts"], 16), EVENT_RETRY_MAX_SECONDS)
         with self.pool.connection() as conn:
             conn.execute(q("gateway_event_later"), {**key, "result": result, "delay": delay})
         return counts
@@ -147,9 +157,14 @@ class GatewayEventService(PeriodicService):
     def _poll(self, counts: EventCounts) -> int:
         now = datetime.now(UTC)
         with self.pool.connection() as conn:
-            due = conn.execute(q("claim_due_polls"), {
-                "now": now, "limit": self.batch, "intervals": policy.poll_intervals(self.config),
-            }).fetchall()
+            due = conn.execute(
+                q("claim_due_polls"),
+                {
+                    "now": now,
+                    "limit": self.batch,
+                    "intervals": policy.poll_intervals(self.config),
+                },
+            ).fetchall()
         for outcome in self.calls.map(lambda row: self._poll_one(row, now), due):
             counts.add(outcome)
         return len(due)
@@ -168,7 +183,11 @@ class GatewayEventService(PeriodicService):
         counts.paged += result is Result.PAGED
         waited = (now - row["awaiting_since"]).total_seconds()
         if result is Result.STILL_PROCESSING and waited > policy.AWAITING_PAGE_AFTER:
-            log.error("payment %s has waited %.0f days for processor payment %s: page",
-                      row["id"], waited / 86400, charge.id)
+            log.error(
+                "payment %s has waited %.0f days for processor payment %s: page",
+                row["id"],
+                waited / 86400,
+                charge.id,
+            )
             counts.paged += 1
         return counts

@@ -84,8 +84,10 @@ class RelayConfig:
         if self.concurrency < 1 or self.batch < 1:
             raise ConfigError("relay concurrency and batch must be >= 1")
         if self.timeout_seconds * 4 > self.lease_seconds:
-            raise ConfigError("relay timeout must be <= lease / 4: a send starts only in the "
-                              "first half of the lease and must end inside it")
+            raise ConfigError(
+                "relay timeout must be <= lease / 4: a send starts only in the "
+                "first half of the lease and must end inside it"
+            )
         if not 0 <= self.backoff_jitter < 1:
             raise ConfigError("relay backoff jitter must be in [0, 1)")
         if self.timeout_seconds <= 0:  # urllib3 reads 0 as "non-blocking": every send fails
@@ -100,7 +102,8 @@ class RelayConfig:
         the lease (4 x timeout) rather than failing the lease/4 rule."""
         timeout = overrides.pop("timeout_seconds", config.webhook_timeout_seconds)
         settings = {
-            "concurrency": config.webhook_concurrency, "timeout_seconds": timeout,
+            "concurrency": config.webhook_concurrency,
+            "timeout_seconds": timeout,
             "backoff_max_seconds": config.webhook_backoff_max_seconds,
             "allow_private_hosts": config.webhook_allow_private_hosts,
             "lease_seconds": max(DEFAULT_LEASE_SECONDS, 4 * timeout),
@@ -128,9 +131,14 @@ class RelayCounts:
 class WebhookRelay(PeriodicService):
     name = "webhook-relay"
 
-    def __init__(self, *, pool: ConnectionPool, config: RelayConfig,
-                 rng: random.Random | None = None,
-                 resolve: webhooks.Resolver = webhooks.resolve_host):
+    def __init__(
+        self,
+        *,
+        pool: ConnectionPool,
+        config: RelayConfig,
+        rng: random.Random | None = None,
+        resolve: webhooks.Resolver = webhooks.resolve_host,
+    ):
         self.pool = pool
         self._resolve = resolve  # tests answer for names they invent
         self.config = config
@@ -138,11 +146,15 @@ class WebhookRelay(PeriodicService):
         self._rng = rng or random.Random()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._executor = ThreadPoolExecutor(max_workers=self.config.concurrency,
-                                            thread_name_prefix="webhook")
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.config.concurrency, thread_name_prefix="webhook"
+        )
         timeout = self.config.timeout_seconds
         self._http = urllib3.PoolManager(
-            num_pools=64, maxsize=self.config.concurrency, block=False, retries=False,
+            num_pools=64,
+            maxsize=self.config.concurrency,
+            block=False,
+            retries=False,
             timeout=urllib3.Timeout(connect=min(timeout, 3.0), read=timeout),
         )
 
@@ -186,8 +198,7 @@ class WebhookRelay(PeriodicService):
 
     def start(self, stop: threading.Event | None = None) -> threading.Thread:
         """:meth:`run` in a daemon thread of its own (the scheduler's way)."""
-        self._thread = threading.Thread(target=self.run, args=(stop,), name=self.name,
-                                        daemon=True)
+        self._thread = threading.Thread(target=self.run, args=(stop,), name=self.name, daemon=True)
         self._thread.start()
         return self._thread
 
@@ -204,8 +215,9 @@ class WebhookRelay(PeriodicService):
 
     def _claim(self, limit: int) -> list[Lease]:
         with self.pool.connection() as conn:
-            return webhooks.claim_endpoints(conn, limit=limit,
-                                            lease_seconds=self.config.lease_seconds)
+            return webhooks.claim_endpoints(
+                conn, limit=limit, lease_seconds=self.config.lease_seconds
+            )
 
     def _serve(self, lease: Lease) -> RelayCounts:
         """Send one endpoint's next events in order, stopping at the first
@@ -216,8 +228,10 @@ class WebhookRelay(PeriodicService):
         with self.pool.connection() as conn:
             events = webhooks.pending_events(conn, lease, limit=self.config.batch)
         for event in events:
-            if self._stopping.is_set() \
-                    or time.monotonic() + self.config.timeout_seconds > send_until:
+            if (
+                self._stopping.is_set()
+                or time.monotonic() + self.config.timeout_seconds > send_until
+            ):
                 break
             status, error = self._post(lease, event)
             if status is None or not 200 <= status < 300:
@@ -238,19 +252,25 @@ class WebhookRelay(PeriodicService):
 
     def _back_off(self, lease: Lease, event: dict, status: int | None, error: str) -> None:
         config = self.config
-        delay = webhooks.backoff(event["attempts"] + 1, base=config.backoff_base_seconds,
-                                 cap=config.backoff_max_seconds, jitter=config.backoff_jitter,
-                                 rng=self._rng)
+        delay = webhooks.backoff(
+            event["attempts"] + 1,
+            base=config.backoff_base_seconds,
+            cap=config.backoff_max_seconds,
+            jitter=config.backoff_jitter,
+            rng=self._rng,
+        )
         with self.pool.connection() as conn:
             webhooks.record_failed(conn, lease, event, status=status, error=error, delay=delay)
-        log.info("webhook to endpoint %s failed (%s), retry in %.1fs",
-                 lease.endpoint_id, error, delay)
+        log.info(
+            "webhook to endpoint %s failed (%s), retry in %.1fs", lease.endpoint_id, error, delay
+        )
 
     def _post(self, lease: Lease, event: dict) -> tuple[int | None, str | None]:
         """(HTTP status or None, error or None) for one signed POST, sent to
         the address the destination check resolved (see :meth:`_request`)."""
         destination = webhooks.check_destination(
-            lease.url, resolve=self._resolve, allow_private=self.config.allow_private_hosts)
+            lease.url, resolve=self._resolve, allow_private=self.config.allow_private_hosts
+        )
         if isinstance(destination, webhooks.Refused):
             return None, destination.code
         body = json.dumps(to_wire(event), separators=(",", ":")).encode()
@@ -274,17 +294,30 @@ class WebhookRelay(PeriodicService):
         status = response.status
         return status, None if 200 <= status < 300 else f"http_{status}"
 
-    def _request(self, destination: webhooks.Destination, body: bytes,
-                 headers: dict) -> urllib3.BaseHTTPResponse:
+    def _request(
+        self, destination: webhooks.Destination, body: bytes, headers: dict
+    ) -> urllib3.BaseHTTPResponse:
         """POST to the checked address, never to the name: urllib3 would
         resolve the name again, and a rebinding DNS server answers 127.0.0.1
         the second time. The URL's host still names the request (Host
         header) and, for https, the TLS server name and the certificate."""
-        tls = ({"server_hostname": destination.host.strip("[]"),
-                "assert_hostname": destination.host.strip("[]")}
-               if destination.scheme == "https" else None)
-        pool = self._http.connection_from_host(destination.address, port=destination.port,
-                                               scheme=destination.scheme, pool_kwargs=tls)
-        return pool.urlopen("POST", destination.target, body=body,
-                            headers={**headers, "Host": destination.host_header},
-                            redirect=False, assert_same_host=False, preload_content=False)
+        tls = (
+            {
+                "server_hostname": destination.host.strip("[]"),
+                "assert_hostname": destination.host.strip("[]"),
+            }
+            if destination.scheme == "https"
+            else None
+        )
+        pool = self._http.connection_from_host(
+            destination.address, port=destination.port, scheme=destination.scheme, pool_kwargs=tls
+        )
+        return pool.urlopen(
+            "POST",
+            destination.target,
+            body=body,
+            headers={**headers, "Host": destination.host_header},
+            redirect=False,
+            assert_same_host=False,
+            preload_content=False,
+        )

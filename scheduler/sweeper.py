@@ -50,11 +50,14 @@ class SweepSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> SweepSettings:
-        return cls(interval_seconds=config.sweep_interval_seconds,
-                   claim_batch=config.claim_batch, lease_seconds=config.lease_seconds,
-                   group_size=config.group_size,
-                   claim_ahead=max(1, round(config.gateway_rate_limit * CLAIM_AHEAD_SECONDS)),
-                   processor=config.gateway)
+        return cls(
+            interval_seconds=config.sweep_interval_seconds,
+            claim_batch=config.claim_batch,
+            lease_seconds=config.lease_seconds,
+            group_size=config.group_size,
+            claim_ahead=max(1, round(config.gateway_rate_limit * CLAIM_AHEAD_SECONDS)),
+            processor=config.gateway,
+        )
 
 
 @dataclass
@@ -70,8 +73,15 @@ class SweepCounts:
 class Sweeper(PeriodicService):
     name = "sweeper"
 
-    def __init__(self, *, settings: SweepSettings, pool: ConnectionPool, pacer: ClaimPacer,
-                 breaker: CircuitBreaker, enqueue: Enqueue):
+    def __init__(
+        self,
+        *,
+        settings: SweepSettings,
+        pool: ConnectionPool,
+        pacer: ClaimPacer,
+        breaker: CircuitBreaker,
+        enqueue: Enqueue,
+    ):
         self.settings = settings
         self.interval_seconds = settings.interval_seconds
         self.pool = pool
@@ -86,7 +96,7 @@ class Sweeper(PeriodicService):
         size = self.settings.group_size
         for i in range(0, len(claims), size):
             try:
-                self.enqueue(claims[i:i + size], probe)
+                self.enqueue(claims[i : i + size], probe)
             except Exception:
                 # The broker refused: hand back what was not sent (no budget,
                 # no lease to wait out), then let the run fail as it would.
@@ -96,8 +106,12 @@ class Sweeper(PeriodicService):
 
     def _claim(self, limit: int) -> list[Claim]:
         with self.pool.connection() as conn:
-            claims = claim_due(conn, limit=limit, lease_seconds=self.settings.lease_seconds,
-                               processor=self.settings.processor)
+            claims = claim_due(
+                conn,
+                limit=limit,
+                lease_seconds=self.settings.lease_seconds,
+                processor=self.settings.processor,
+            )
         # Committed: from here a crash leaves leased rows for the reaper.
         metrics.CLAIMS.inc(len(claims))
         return claims

@@ -24,8 +24,9 @@ def build_dispatcher(config: Config) -> Dispatcher:
     serve_metrics(config.metrics_port, component="worker")
     client = make_redis(config)
     bound = config.gateway_max_in_flight
-    limit = InFlightLimit(rate=config.gateway_rate_limit, max_in_flight=bound,
-                          floor=config.group_size)
+    limit = InFlightLimit(
+        rate=config.gateway_rate_limit, max_in_flight=bound, floor=config.group_size
+    )
     call_limiter = CallLimiter(client, config)
     executor = Executor(
         config=config,

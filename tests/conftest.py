@@ -23,14 +23,28 @@ from paycron.store import apikeys, partitions
 from paycron.store.db import connect
 from paycron.store.migrate import migrate
 
-ADMIN_DSN = os.environ.get("PAYCRON_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN_DSN = os.environ.get(
+    "PAYCRON_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 TEST_REDIS_URL = os.environ.get("PAYCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 RUN_ID = uuid.uuid4().hex[:10]
 
 #: Tables emptied between tests (cheap DELETEs: the partitions stay).
-_TABLES = ("payments", "attempts", "payment_events", "dead_letters", "idempotency_keys",
-           "api_keys", "refunds", "webhook_deliveries", "webhook_endpoints",
-           "reconciliation_items", "reconciliation_runs", "gateway_events", "customers")
+_TABLES = (
+    "payments",
+    "attempts",
+    "payment_events",
+    "dead_letters",
+    "idempotency_keys",
+    "api_keys",
+    "refunds",
+    "webhook_deliveries",
+    "webhook_endpoints",
+    "reconciliation_items",
+    "reconciliation_runs",
+    "gateway_events",
+    "customers",
+)
 
 
 def dsn_for(dbname: str) -> str:
@@ -87,9 +101,12 @@ def stripe_config(config, gateway):
     (its default secret key and webhook signing secret)."""
     from devtools.fake_gateway import STRIPE_API_KEY, STRIPE_WEBHOOK_SECRET
 
-    return config.with_overrides(gateway="stripe", stripe_api_key=STRIPE_API_KEY,
-                                 stripe_api_base=gateway.stripe_url,
-                                 stripe_webhook_secret=(STRIPE_WEBHOOK_SECRET,))
+    return config.with_overrides(
+        gateway="stripe",
+        stripe_api_key=STRIPE_API_KEY,
+        stripe_api_base=gateway.stripe_url,
+        stripe_webhook_secret=(STRIPE_WEBHOOK_SECRET,),
+    )
 
 
 @pytest.fixture
@@ -123,12 +140,20 @@ def config(database_url, redis_url, request) -> Config:
     gateway_url = "http://127.0.0.1:9"  # nothing listens: tests that call use `gateway`
     if "gateway" in request.fixturenames:
         gateway_url = request.getfixturevalue("gateway").url
-    return Config(database_url=database_url, redis_url=redis_url, redis_namespace=namespace,
-                  gateway_url=gateway_url, gateway_timeout_seconds=2, lease_seconds=30,
-                  retry_delays=(0.0, 0.0, 0.0, 0.0, 0.0), circuit_min_calls=1000,
-                  webhook_allow_private_hosts=True,  # the test receivers are on loopback
-                  # No test but tests/limits/test_rate_limits.py should ever meet the limiter.
-                  api_rate_limit=1_000_000, api_rate_burst=1_000_000)
+    return Config(
+        database_url=database_url,
+        redis_url=redis_url,
+        redis_namespace=namespace,
+        gateway_url=gateway_url,
+        gateway_timeout_seconds=2,
+        lease_seconds=30,
+        retry_delays=(0.0, 0.0, 0.0, 0.0, 0.0),
+        circuit_min_calls=1000,
+        webhook_allow_private_hosts=True,  # the test receivers are on loopback
+        # No test but tests/limits/test_rate_limits.py should ever meet the limiter.
+        api_rate_limit=1_000_000,
+        api_rate_burst=1_000_000,
+    )
 
 
 @pytest.fixture
@@ -145,15 +170,17 @@ def _cleaner(database_url):
 
 
 def _existing_tables(conn) -> list[str]:
-    rows = conn.execute("SELECT t FROM unnest(%s::text[]) t WHERE to_regclass(t) IS NOT NULL",
-                        (list(_TABLES),)).fetchall()
+    rows = conn.execute(
+        "SELECT t FROM unnest(%s::text[]) t WHERE to_regclass(t) IS NOT NULL", (list(_TABLES),)
+    ).fetchall()
     return [r["t"] for r in rows]
 
 
 @pytest.fixture(autouse=True)
 def _clean(request):
-    cleaner = request.getfixturevalue("_cleaner") if "database_url" in request.fixturenames \
-        else None
+    cleaner = (
+        request.getfixturevalue("_cleaner") if "database_url" in request.fixturenames else None
+    )
     yield
     if cleaner is not None:
         for table in _existing_tables(cleaner):
@@ -222,8 +249,11 @@ def sentry(config):
     from tests.support import CapturingTransport
 
     transport = CapturingTransport()
-    assert init_sentry(config.with_overrides(sentry_dsn="https://key@sentry.invalid/1"),
-                       component="worker", transport=transport)
+    assert init_sentry(
+        config.with_overrides(sentry_dsn="https://key@sentry.invalid/1"),
+        component="worker",
+        transport=transport,
+    )
     yield transport
     sentry_sdk.get_client().close()
     sentry_sdk.init(dsn=None)

@@ -27,8 +27,9 @@ class MovableClock:
 def console_config(config, **changes):
     """The test config with the console on; keys are checked on every
     request unless a test says otherwise."""
-    return config.with_overrides(**{"console_secret_key": SECRET, "api_key_cache_seconds": 0,
-                                    **changes})
+    return config.with_overrides(
+        **{"console_secret_key": SECRET, "api_key_cache_seconds": 0, **changes}
+    )
 
 
 def csrf_of(html: str) -> str:

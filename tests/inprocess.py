@@ -32,12 +32,20 @@ class Engine:
         self.redis = redis.Redis.from_url(self.config.redis_url)
         self.breaker = CircuitBreaker(self.redis, self.config, clock=self.clock)
         self.gateway = build_gateway(self.config)
-        self.executor = Executor(config=self.config, pool=self.pool, gateway=self.gateway,
-                                 breaker=self.breaker, call_limiter=None)
-        self.sweeper = Sweeper(settings=SweepSettings.from_config(self.config), pool=self.pool,
-                               pacer=ClaimPacer(self.redis, self.config), breaker=self.breaker,
-                               enqueue=lambda claims, probe: self.messages.append(
-                                   (list(claims), probe)))
+        self.executor = Executor(
+            config=self.config,
+            pool=self.pool,
+            gateway=self.gateway,
+            breaker=self.breaker,
+            call_limiter=None,
+        )
+        self.sweeper = Sweeper(
+            settings=SweepSettings.from_config(self.config),
+            pool=self.pool,
+            pacer=ClaimPacer(self.redis, self.config),
+            breaker=self.breaker,
+            enqueue=lambda claims, probe: self.messages.append((list(claims), probe)),
+        )
         self.reaper = Reaper(config=self.config, pool=self.pool)
 
     def sweep(self) -> list[tuple[list[Claim], bool]]:
@@ -49,7 +57,7 @@ class Engine:
     def work(self, messages=None):
         """Execute messages (by default: sweep first)."""
         counts = []
-        for claims, probe in (self.sweep() if messages is None else messages):
+        for claims, probe in self.sweep() if messages is None else messages:
             counts.append(self.executor.execute(claims, probe=probe))
         return counts
 

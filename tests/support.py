@@ -74,8 +74,9 @@ class QuietHandler(BaseHTTPRequestHandler):
         pass
 
 
-def serve_on_loopback(handler: type[BaseHTTPRequestHandler], *, host: str = "127.0.0.1",
-                      port: int = 0) -> ThreadingHTTPServer:
+def serve_on_loopback(
+    handler: type[BaseHTTPRequestHandler], *, host: str = "127.0.0.1", port: int = 0
+) -> ThreadingHTTPServer:
     """A threaded HTTP server on loopback, serving in a daemon thread; the
     caller shuts it down (``server.shutdown(); server.server_close()``)."""
     server = ThreadingHTTPServer((host, port), handler)
@@ -138,7 +139,8 @@ def refusing_writes_of(conn, customer: str) -> Iterator[None]:
     For the privacy tests: data in an error's message must not leave."""
     name = sql.Identifier(f"refuse_{uuid.uuid4().hex[:12]}")
     literal = sql.Literal(customer)
-    conn.execute(sql.SQL("""
+    conn.execute(
+        sql.SQL("""
         CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
             IF TG_TABLE_NAME = 'dead_letters' THEN
@@ -150,15 +152,22 @@ def refusing_writes_of(conn, customer: str) -> Iterator[None]:
                          || NEW.payment_method)::uuid;
             END IF;
             RETURN NEW;
-        END $$""").format(name=name, customer=literal))
+        END $$""").format(name=name, customer=literal)
+    )
     for table in ("payments", "dead_letters"):
-        conn.execute(sql.SQL("CREATE TRIGGER {name} BEFORE INSERT OR UPDATE ON {table} "
-                             "FOR EACH ROW EXECUTE FUNCTION {name}()").format(
-            name=name, table=sql.Identifier(table)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TRIGGER {name} BEFORE INSERT OR UPDATE ON {table} "
+                "FOR EACH ROW EXECUTE FUNCTION {name}()"
+            ).format(name=name, table=sql.Identifier(table))
+        )
     try:
         yield
     finally:
         for table in ("payments", "dead_letters"):
-            conn.execute(sql.SQL("DROP TRIGGER {name} ON {table}").format(
-                name=name, table=sql.Identifier(table)))
+            conn.execute(
+                sql.SQL("DROP TRIGGER {name} ON {table}").format(
+                    name=name, table=sql.Identifier(table)
+                )
+            )
         conn.execute(sql.SQL("DROP FUNCTION {name}()").format(name=name))

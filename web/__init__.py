@@ -33,23 +33,23 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     app.extensions["paycron.config"] = config
     app.extensions["paycron.clock"] = clock
     app.extensions["paycron.pool"] = make_pool(
-        config, name="web", statement_timeout=config.web_statement_timeout)
+        config, name="web", statement_timeout=config.web_statement_timeout
+    )
     app.extensions["paycron.principals"] = PrincipalCache(config.api_key_cache_seconds)
     # Short command timeouts: a readiness probe must answer while Redis hangs.
     app.extensions["paycron.redis"] = make_redis(config, timeout=2)
     # Only the admin dead-letter actions ask the gateway, one at a time.
     app.extensions["paycron.gateway"] = build_gateway(
-        config, max_connections=4,
-        call_limiter=CallLimiter(app.extensions["paycron.redis"], config))
-    app.extensions["paycron.rate_limiter"] = ActorRateLimiter(app.extensions["paycron.redis"],
-                                                              config)
+        config, max_connections=4, call_limiter=CallLimiter(app.extensions["paycron.redis"], config)
+    )
+    app.extensions["paycron.rate_limiter"] = ActorRateLimiter(
+        app.extensions["paycron.redis"], config
+    )
     breaker = CircuitBreaker(app.extensions["paycron.redis"], config)
     register_error_handlers(app)
     metrics.install(app, breaker=breaker)
     api = Api(app)  # serves GET /openapi.json, generated from the blueprints' schemas
-    for blueprint in (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp,
-                      gateway_events.bp):
+    for blueprint in (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp, gateway_events.bp):
         api.register_blueprint(blueprint)
     console.install(app, breaker=breaker)  # only with CONSOLE_SECRET_KEY
     return app
-

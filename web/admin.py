@@ -18,25 +18,39 @@ from web.auth import require_admin
 from web.problems import NOT_JSON, TOO_LARGE, problem
 from web.schemas import NO_NUL, Answer, PathId, PaymentSchema, Strict, unicode_text
 
-bp = Blueprint("admin", __name__, url_prefix="/v1/admin/dead-letters",
-               description="Dead letters: list, show, re-drive, refund, dismiss (admin).")
+bp = Blueprint(
+    "admin",
+    __name__,
+    url_prefix="/v1/admin/dead-letters",
+    description="Dead letters: list, show, re-drive, refund, dismiss (admin).",
+)
 
 
 class LetterPath(Schema):
-    payment_id = PathId(parse_payment_id, "no dead letter for this payment", metadata={
-        "description": "The id of a payment that was parked (UUIDv7)."})
+    payment_id = PathId(
+        parse_payment_id,
+        "no dead letter for this payment",
+        metadata={"description": "The id of a payment that was parked (UUIDv7)."},
+    )
 
 
 class DeadLetterQuery(Strict):
-    limit = fields.Integer(load_default=100, validate=validate.Range(
-        min=1, max=1000, error="an integer from 1 to 1000"), error_messages={
-        "invalid": "an integer from 1 to 1000"})
+    limit = fields.Integer(
+        load_default=100,
+        validate=validate.Range(min=1, max=1000, error="an integer from 1 to 1000"),
+        error_messages={"invalid": "an integer from 1 to 1000"},
+    )
 
 
 class DismissSchema(Strict):
-    note = fields.String(load_default=None, validate=[
-        validate.Length(max=1000), unicode_text,
-        validate.Regexp(NO_NUL, error="note must not contain U+0000")])
+    note = fields.String(
+        load_default=None,
+        validate=[
+            validate.Length(max=1000),
+            unicode_text,
+            validate.Regexp(NO_NUL, error="note must not contain U+0000"),
+        ],
+    )
 
 
 class DeadLetterSchema(Answer):
@@ -89,8 +103,7 @@ def index(limit: int):
 @bp.get("/<payment_id>")
 @require_admin
 @bp.path(LetterPath())
-@bp.response(200, DeadLetterDetailSchema,
-             description="The payment and every dead letter it had.")
+@bp.response(200, DeadLetterDetailSchema, description="The payment and every dead letter it had.")
 def show(payment_id: UUID):
     """A parked payment and its dead letters (admin)."""
     with _pool().connection() as conn:
@@ -104,10 +117,13 @@ def _gateway_action(refused: str):
     """The contract of an action that asks the gateway first (re-drive,
     refund): admin only, the letter's id in the path, what was done, or
     409 ``refused``, or 502."""
-    stack = [require_admin, bp.path(LetterPath()),
-             bp.response(200, DeadLetterActionSchema, description="What was done."),
-             bp.alt_response(409, **problem(refused)),
-             bp.alt_response(502, **_GATEWAY_UNAVAILABLE)]
+    stack = [
+        require_admin,
+        bp.path(LetterPath()),
+        bp.response(200, DeadLetterActionSchema, description="What was done."),
+        bp.alt_response(409, **problem(refused)),
+        bp.alt_response(502, **_GATEWAY_UNAVAILABLE),
+    ]
 
     def declare(view):
         for decorator in reversed(stack):  # as if written top to bottom above the view
@@ -125,18 +141,19 @@ def redrive(payment_id: UUID):
     Completes it if the gateway holds the charge, else puts it back to PENDING
     with a fresh budget."""
     with _pool().connection() as conn:
-        return dead_letters.redrive(conn, current_app.extensions["paycron.gateway"], payment_id,
-                                    actor=g.principal.actor)
+        return dead_letters.redrive(
+            conn, current_app.extensions["paycron.gateway"], payment_id, actor=g.principal.actor
+        )
 
 
 @bp.post("/<payment_id>/refund")
-@_gateway_action("Resolved already, or the gateway holds no charge "
-                 "(DEAD_LETTER_ACTION_REFUSED).")
+@_gateway_action("Resolved already, or the gateway holds no charge (DEAD_LETTER_ACTION_REFUSED).")
 def refund(payment_id: UUID):
     """Refund the charge the gateway holds and close the dead letter (admin)."""
     with _pool().connection() as conn:
-        return dead_letters.refund(conn, current_app.extensions["paycron.gateway"], payment_id,
-                                   actor=g.principal.actor)
+        return dead_letters.refund(
+            conn, current_app.extensions["paycron.gateway"], payment_id, actor=g.principal.actor
+        )
 
 
 @bp.post("/<payment_id>/dismiss")

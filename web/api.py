@@ -89,8 +89,10 @@ class OperationIds(BasePlugin):
 def links(parameter: str, *operation_ids: str) -> dict:
     """OpenAPI links from a created resource to the operations that take its
     ``id`` as ``parameter`` (a stateful client follows create -> read -> cancel)."""
-    return {target: {"operationId": target, "parameters": {parameter: "$response.body#/id"}}
-            for target in operation_ids}
+    return {
+        target: {"operationId": target, "parameters": {parameter: "$response.body#/id"}}
+        for target in operation_ids
+    }
 
 
 def json_body(component: str) -> dict:
@@ -106,16 +108,34 @@ class Api(flask_smorest.Api):
     DEFAULT_ERROR_RESPONSE_NAME = None  # every operation lists the refusals it makes
 
     def __init__(self, app: Flask):
-        app.config.update(API_TITLE="paycron", API_VERSION="1", OPENAPI_VERSION="3.1.0",
-                          OPENAPI_URL_PREFIX="/", OPENAPI_JSON_PATH="openapi.json")
-        super().__init__(app, spec_kwargs={"extra_plugins": [OperationIds()], "info": {
-            "description": (
-                "Scheduled payments. Money is integer minor units; times are RFC 3339 "
-                "with an offset. Every error is application/problem+json (RFC 9457) "
-                "with a stable machine code.")}})
-        self.spec.components.security_scheme(BEARER, {
-            "type": "http", "scheme": "bearer",
-            "description": "An API key from `paycron api-key create`; its actor is the payer."})
+        app.config.update(
+            API_TITLE="paycron",
+            API_VERSION="1",
+            OPENAPI_VERSION="3.1.0",
+            OPENAPI_URL_PREFIX="/",
+            OPENAPI_JSON_PATH="openapi.json",
+        )
+        super().__init__(
+            app,
+            spec_kwargs={
+                "extra_plugins": [OperationIds()],
+                "info": {
+                    "description": (
+                        "Scheduled payments. Money is integer minor units; times are RFC 3339 "
+                        "with an offset. Every error is application/problem+json (RFC 9457) "
+                        "with a stable machine code."
+                    )
+                },
+            },
+        )
+        self.spec.components.security_scheme(
+            BEARER,
+            {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "An API key from `paycron api-key create`; its actor is the payer.",
+            },
+        )
 
     def handle_http_exception(self, error):
         return http_problem(error)

@@ -23,15 +23,19 @@ _UNAUTHENTICATED = {
 }
 _RATE_LIMITED = {
     "description": "More than API_RATE_LIMIT requests per second from this actor, beyond "
-                   "its API_RATE_BURST (RATE_LIMITED). Other actors are unaffected.",
-    "headers": {"Retry-After": {
-        "required": True, "description": "Whole seconds to wait (at least 1).",
-        "schema": {"type": "integer", "minimum": 1}}},
+    "its API_RATE_BURST (RATE_LIMITED). Other actors are unaffected.",
+    "headers": {
+        "Retry-After": {
+            "required": True,
+            "description": "Whole seconds to wait (at least 1).",
+            "schema": {"type": "integer", "minimum": 1},
+        }
+    },
     "content": {PROBLEM_JSON: {"schema": ProblemSchema}},
 }
 _NOT_ADMIN = {
     "description": "Not found. A non-admin key gets 404 on every admin endpoint, "
-                   "as if it did not exist.",
+    "as if it did not exist.",
     "content": {PROBLEM_JSON: {"schema": ProblemSchema}},
 }
 
@@ -42,7 +46,8 @@ def _principal() -> Principal:
     if scheme.lower() != "bearer" or not key.strip():
         raise Problem(401, "UNAUTHENTICATED", "send Authorization: Bearer <api key>")
     principal = current_app.extensions["paycron.principals"].authenticate(
-        current_app.extensions["paycron.pool"], key.strip())
+        current_app.extensions["paycron.pool"], key.strip()
+    )
     if principal is None:
         raise Problem(401, "UNAUTHENTICATED", "the API key is unknown or revoked")
     current_app.extensions["paycron.rate_limiter"].charge(principal.actor)
@@ -58,8 +63,9 @@ def require_key(view):
         g.principal = _principal()
         return view(*args, **kwargs)
 
-    return Blueprint.doc(security=[{BEARER: []}], responses={401: _UNAUTHENTICATED,
-                                                                  429: _RATE_LIMITED})(wrapper)
+    return Blueprint.doc(
+        security=[{BEARER: []}], responses={401: _UNAUTHENTICATED, 429: _RATE_LIMITED}
+    )(wrapper)
 
 
 def require_admin(view):
@@ -72,6 +78,7 @@ def require_admin(view):
             raise Problem(404, "NOT_FOUND", "not found")
         return view(*args, **kwargs)
 
-    return Blueprint.doc(security=[{BEARER: []}],
-                         responses={401: _UNAUTHENTICATED, 404: _NOT_ADMIN,
-                                    429: _RATE_LIMITED})(wrapper)
+    return Blueprint.doc(
+        security=[{BEARER: []}],
+        responses={401: _UNAUTHENTICATED, 404: _NOT_ADMIN, 429: _RATE_LIMITED},
+    )(wrapper)

@@ -17,8 +17,12 @@ from web.auth import require_key
 from web.problems import problem
 from web.schemas import Answer, Cursor, Strict
 
-bp = Blueprint("events", __name__, url_prefix="/v1/events",
-               description="The caller's payment events, as a resumable feed.")
+bp = Blueprint(
+    "events",
+    __name__,
+    url_prefix="/v1/events",
+    description="The caller's payment events, as a resumable feed.",
+)
 
 #: Events per page unless ``limit`` says otherwise, and the most it may say.
 DEFAULT_LIMIT = 100
@@ -30,11 +34,15 @@ def _cursor(**kwargs) -> Cursor:
 
 
 class FeedQuerySchema(Strict):
-    after = _cursor(metadata={
-        "format": "event-cursor",
-        "description": "Opaque: a nextCursor this feed returned; absent = from the start."})
-    limit = fields.Integer(load_default=DEFAULT_LIMIT,
-                           validate=validate.Range(min=1, max=MAX_LIMIT))
+    after = _cursor(
+        metadata={
+            "format": "event-cursor",
+            "description": "Opaque: a nextCursor this feed returned; absent = from the start.",
+        }
+    )
+    limit = fields.Integer(
+        load_default=DEFAULT_LIMIT, validate=validate.Range(min=1, max=MAX_LIMIT)
+    )
 
 
 class EventSchema(Answer):
@@ -51,9 +59,13 @@ class EventSchema(Answer):
 
 class EventPageSchema(Answer):
     data = fields.List(fields.Nested(EventSchema))
-    next_cursor = _cursor(data_key="nextCursor", metadata={
-        "format": "event-cursor",
-        "description": "Always present: pass it as after to poll for newer events."})
+    next_cursor = _cursor(
+        data_key="nextCursor",
+        metadata={
+            "format": "event-cursor",
+            "description": "Always present: pass it as after to poll for newer events.",
+        },
+    )
 
 
 @bp.get("")

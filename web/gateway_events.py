@@ -22,8 +22,11 @@ from web.api import Blueprint
 from web.problems import Problem, problem
 from web.schemas import Answer
 
-bp = Blueprint("gateway_events", __name__,
-               description="Inbound events of the payment processor (signed by it).")
+bp = Blueprint(
+    "gateway_events",
+    __name__,
+    description="Inbound events of the payment processor (signed by it).",
+)
 
 #: Stripe's own default: a signature older than this is refused (replays).
 SIGNATURE_TOLERANCE_SECONDS = 300
@@ -37,28 +40,36 @@ class ReceivedSchema(Answer):
 def _verified(payload: bytes, signature: str, secrets: tuple[str, ...]) -> stripe.Event:
     for secret in secrets:
         try:
-            return stripe.Webhook.construct_event(payload, signature, secret,
-                                                  tolerance=SIGNATURE_TOLERANCE_SECONDS)
+            return stripe.Webhook.construct_event(
+                payload, signature, secret, tolerance=SIGNATURE_TOLERANCE_SECONDS
+            )
         except stripe.SignatureVerificationError:
             continue
         except ValueError:  # not JSON: nothing a signature could make right
             break
-    raise Problem(400, "INVALID_SIGNATURE",
-                  "the Stripe-Signature header is missing, wrong or too old")
+    raise Problem(
+        400, "INVALID_SIGNATURE", "the Stripe-Signature header is missing, wrong or too old"
+    )
 
 
 @bp.post("/v1/gateway-events/stripe")
 @bp.response(200, ReceivedSchema, description="Verified and stored (or already stored).")
-@bp.alt_response(400, **problem("No, a wrong or a stale signature (INVALID_SIGNATURE): "
-                                "nothing is stored."))
-@bp.alt_response(404, **problem("No signing secret is configured (NOT_FOUND): the "
-                                "endpoint is off; Stripe retries later."))
+@bp.alt_response(
+    400, **problem("No, a wrong or a stale signature (INVALID_SIGNATURE): nothing is stored.")
+)
+@bp.alt_response(
+    404,
+    **problem(
+        "No signing secret is configured (NOT_FOUND): the endpoint is off; Stripe retries later."
+    ),
+)
 def receive_stripe_event():
     """Receive one of Stripe's signed events (configure this URL at Stripe)."""
     secrets = current_app.extensions["paycron.config"].stripe_webhook_secret
     if not secrets:
-        raise Problem(404, "NOT_FOUND", "inbound Stripe events are off: "
-                                        "STRIPE_WEBHOOK_SECRET is not set")
+        raise Problem(
+            404, "NOT_FOUND", "inbound Stripe events are off: STRIPE_WEBHOOK_SECRET is not set"
+        )
     signature = request.headers.get("Stripe-Signature", "")
     event = _verified(request.get_data(cache=False), signature, secrets)
     with current_app.extensions["paycron.pool"].connection() as conn:

@@ -17,8 +17,10 @@ class HealthSchema(Answer):
 
 class ReadinessSchema(Answer):
     status = fields.String(metadata={"enum": ["ready", "unavailable"]})
-    checks = fields.Dict(keys=fields.String(metadata={"enum": ["postgres", "redis"]}),
-                         values=fields.String(metadata={"enum": ["ok", "down"]}))
+    checks = fields.Dict(
+        keys=fields.String(metadata={"enum": ["postgres", "redis"]}),
+        values=fields.String(metadata={"enum": ["ok", "down"]}),
+    )
 
 
 @bp.get("/healthz")
@@ -46,12 +48,15 @@ def _redis_ok() -> bool:
 
 @bp.get("/readyz")
 @bp.response(200, ReadinessSchema, description="Ready.")
-@bp.alt_response(503, schema=ReadinessSchema,
-                 description="A dependency is down; checks says which.")
+@bp.alt_response(
+    503, schema=ReadinessSchema, description="A dependency is down; checks says which."
+)
 def readyz():
     """Readiness: Postgres and Redis are reachable."""
     checks = {"postgres": _postgres_ok(), "redis": _redis_ok()}
     ready = all(checks.values())
-    body = {"status": "ready" if ready else "unavailable",
-            "checks": {name: "ok" if ok else "down" for name, ok in checks.items()}}
+    body = {
+        "status": "ready" if ready else "unavailable",
+        "checks": {name: "ok" if ok else "down" for name, ok in checks.items()},
+    }
     return body, 200 if ready else 503

@@ -32,10 +32,15 @@ from web.problems import Problem
 
 bp = Blueprint("metrics", __name__)
 
-HTTP_REQUESTS = Counter("paycron_http_requests", "API requests answered",
-                        ["method", "endpoint", "status"])
-HTTP_LATENCY = Histogram("paycron_http_request_seconds", "API request latency", ["endpoint"],
-                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+HTTP_REQUESTS = Counter(
+    "paycron_http_requests", "API requests answered", ["method", "endpoint", "status"]
+)
+HTTP_LATENCY = Histogram(
+    "paycron_http_request_seconds",
+    "API request latency",
+    ["endpoint"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 
 
 def _process_registry():
@@ -51,7 +56,8 @@ def _require_metrics_token() -> None:
     token = current_app.extensions["paycron.config"].metrics_token
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(
-            presented.strip().encode(), token.encode()):
+        presented.strip().encode(), token.encode()
+    ):
         raise Problem(401, "UNAUTHENTICATED", "/metrics needs Authorization: Bearer METRICS_TOKEN")
 
 
@@ -67,9 +73,12 @@ def install(app: Flask, *, breaker) -> None:
     """The request hooks, the scrape-time gauges, and /metrics when the
     config has a METRICS_TOKEN."""
     config = app.extensions["paycron.config"]
-    collector = DatabaseCollector(app.extensions["paycron.pool"], breaker=breaker,
-                                  queries={"metrics_gauges": q("metrics_gauges")},
-                                  ttl=config.metrics_cache_seconds)
+    collector = DatabaseCollector(
+        app.extensions["paycron.pool"],
+        breaker=breaker,
+        queries={"metrics_gauges": q("metrics_gauges")},
+        ttl=config.metrics_cache_seconds,
+    )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     app.extensions["paycron.metrics_collector"] = collector

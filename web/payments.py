@@ -53,13 +53,19 @@ from web.schemas import (
     unicode_text,
 )
 
-bp = Blueprint("payments", __name__, url_prefix="/v1/scheduled-payments",
-               description="Scheduled payments: create, read, list, cancel.")
+bp = Blueprint(
+    "payments",
+    __name__,
+    url_prefix="/v1/scheduled-payments",
+    description="Scheduled payments: create, read, list, cancel.",
+)
 
 #: dueAt as the API parses it: RFC 3339 with an explicit offset, upper-case
 #: ``T``/``Z`` and no leap second (``datetime.fromisoformat`` takes neither).
-DUE_AT_PATTERN = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-5][0-9](\.[0-9]+)?"
-                  r"(Z|[+-][0-9]{2}:[0-9]{2})$")
+DUE_AT_PATTERN = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-5][0-9](\.[0-9]+)?"
+    r"(Z|[+-][0-9]{2}:[0-9]{2})$"
+)
 #: The create body's name in the document, which describes the app's own instance.
 CREATE_PAYMENT = "CreatePayment"
 
@@ -69,7 +75,8 @@ STRIPE_AMOUNT_RULES = (
     " With this processor (Stripe), also at least Stripe's minimum charge in the currency "
     "(e.g. 50 in USD or EUR, 30 in GBP, 50 in JPY); whole units in zero-decimal currencies "
     "(JPY, KRW, ...: 500 is 500 JPY), a multiple of 100 in ISK and UGX, and ending in 0 in "
-    "the three-decimal BHD, JOD, KWD, OMR and TND.")
+    "the three-decimal BHD, JOD, KWD, OMR and TND."
+)
 
 
 class ProcessorToken(fields.String):
@@ -82,12 +89,19 @@ class ProcessorToken(fields.String):
 
     def __init__(self, name: str, **kwargs):
         super().__init__(
-            data_key=name, load_default=None, allow_none=True,
-            validate=[validate.Length(min=1, max=255, error=f"{name} must be 1-255 characters"),
-                      _printable_token(name)],
-            error_messages={"required": f"{name} is required with this processor",
-                            "null": f"{name} is required with this processor"},
-            **kwargs)
+            data_key=name,
+            load_default=None,
+            allow_none=True,
+            validate=[
+                validate.Length(min=1, max=255, error=f"{name} must be 1-255 characters"),
+                _printable_token(name),
+            ],
+            error_messages={
+                "required": f"{name} is required with this processor",
+                "null": f"{name} is required with this processor",
+            },
+            **kwargs,
+        )
         self.metadata = {**self.metadata, "pattern": self.PATTERN}
 
     def require(self) -> None:
@@ -114,61 +128,107 @@ class CreatePaymentSchema(Strict):
 
     payee = fields.String(
         required=True,
-        validate=[validate.Length(min=1, max=200), unicode_text,
-                  validate.Regexp(NO_NUL, error="payee must not contain U+0000")],
-        metadata={"description": "Who is paid."})
+        validate=[
+            validate.Length(min=1, max=200),
+            unicode_text,
+            validate.Regexp(NO_NUL, error="payee must not contain U+0000"),
+        ],
+        metadata={"description": "Who is paid."},
+    )
     amount = MinorUnits(
-        required=True, validate=validate.Range(min=1, error="amount must be greater than 0"),
+        required=True,
+        validate=validate.Range(min=1, error="amount must be greater than 0"),
         error_messages={"invalid": "amount must be an integer number of minor units"},
-        metadata={"description": (
-            "Integer minor units of the currency (cents for USD): a JSON integer, "
-            "not 25.0, not \"25\". At most {max_amount_minor}.")})
+        metadata={
+            "description": (
+                "Integer minor units of the currency (cents for USD): a JSON integer, "
+                'not 25.0, not "25". At most {max_amount_minor}.'
+            )
+        },
+    )
     due_at = fields.AwareDateTime(
-        data_key="dueAt", required=True, format="iso",
-        metadata={"pattern": DUE_AT_PATTERN, "description": (
-            "When to charge: an RFC 3339 date-time with an explicit offset "
-            "(Z or ±hh:mm), in the future and within {horizon_days} days.")})
+        data_key="dueAt",
+        required=True,
+        format="iso",
+        metadata={
+            "pattern": DUE_AT_PATTERN,
+            "description": (
+                "When to charge: an RFC 3339 date-time with an explicit offset "
+                "(Z or ±hh:mm), in the future and within {horizon_days} days."
+            ),
+        },
+    )
     currency = fields.String(
-        load_default=None, validate=validate.OneOf(
-            sorted(ISO_4217), error="currency must be an ISO 4217 code, e.g. USD"),
-        metadata={"description": "ISO 4217 code; {default_currency} when absent or null."})
+        load_default=None,
+        validate=validate.OneOf(
+            sorted(ISO_4217), error="currency must be an ISO 4217 code, e.g. USD"
+        ),
+        metadata={"description": "ISO 4217 code; {default_currency} when absent or null."},
+    )
     payment_method = ProcessorToken(
-        "paymentMethod", metadata={"description": (
-            "The processor's payment method to charge (Stripe: pm_...), an opaque token. "
-            "{processor_fields}")})
+        "paymentMethod",
+        metadata={
+            "description": (
+                "The processor's payment method to charge (Stripe: pm_...), an opaque token. "
+                "{processor_fields}"
+            )
+        },
+    )
     customer = ProcessorToken(
-        "customer", metadata={"description": (
-            "The processor's customer the payment method belongs to (Stripe: cus_...), an "
-            "opaque token. It belongs to the first payer that names it: another payer's is "
-            "refused (CUSTOMER_NOT_YOURS). {processor_fields}")})
+        "customer",
+        metadata={
+            "description": (
+                "The processor's customer the payment method belongs to (Stripe: cus_...), an "
+                "opaque token. It belongs to the first payer that names it: another payer's is "
+                "refused (CUSTOMER_NOT_YOURS). {processor_fields}"
+            )
+        },
+    )
 
     def __init__(self, config: Config, clock: Callable[[], datetime], **kwargs):
         super().__init__(**kwargs)
         self.config, self.clock = config, clock
         amount = self.fields["amount"]
-        amount.validators = [*amount.validators, validate.Range(
-            max=config.max_amount_minor, error="amount must be at most {max}")]
+        amount.validators = [
+            *amount.validators,
+            validate.Range(max=config.max_amount_minor, error="amount must be at most {max}"),
+        ]
         # The processor's own amount and currency rules, where it has some.
         self.processor_rules = rules = amount_rules(config)
         if config.needs_customer:
             for name in ("payment_method", "customer"):
                 self.fields[name].require()
-        texts = {**vars(config), "processor_fields": (
-            "Required with this processor." if config.needs_customer else
-            "Optional with this processor; null when absent.")}
+        texts = {
+            **vars(config),
+            "processor_fields": (
+                "Required with this processor."
+                if config.needs_customer
+                else "Optional with this processor; null when absent."
+            ),
+        }
         if rules is not None:
             currency = self.fields["currency"]
-            currency.validators = [*currency.validators, validate.OneOf(
-                sorted(rules.CURRENCIES & ISO_4217),
-                error=rules.UNSUPPORTED_CURRENCY)]
-            amount.validators.append(validate.Range(max=rules.MAX_AMOUNT, error=(
-                rules.amount_problem(rules.MAX_AMOUNT + 1, "USD"))))
+            currency.validators = [
+                *currency.validators,
+                validate.OneOf(
+                    sorted(rules.CURRENCIES & ISO_4217), error=rules.UNSUPPORTED_CURRENCY
+                ),
+            ]
+            amount.validators.append(
+                validate.Range(
+                    max=rules.MAX_AMOUNT, error=(rules.amount_problem(rules.MAX_AMOUNT + 1, "USD"))
+                )
+            )
             texts["max_amount_minor"] = min(config.max_amount_minor, rules.MAX_AMOUNT)
-            amount.metadata = {**amount.metadata, "description": amount.metadata[
-                "description"] + STRIPE_AMOUNT_RULES}
+            amount.metadata = {
+                **amount.metadata,
+                "description": amount.metadata["description"] + STRIPE_AMOUNT_RULES,
+            }
         for field in self.fields.values():
-            field.metadata = {**field.metadata, "description": field.metadata[
-                "description"].format(**texts)}
+            field.metadata = {
+                **field.metadata,
+                "description": field.metadata["description"].format(**texts),
+            }
 
     @validates("due_at")
     def _due_window(self, value: datetime, data_key: str) -> None:
@@ -197,44 +257,71 @@ class CreatePaymentSchema(Strict):
 
     @post_load
     def _new_payment(self, data: dict, **kwargs) -> NewPayment:
-        return NewPayment(payee=data["payee"], amount_minor=data["amount"],
-                          currency=data["currency"] or self.config.default_currency,
-                          due_at=data["due_at"].astimezone(UTC),
-                          payment_method=data["payment_method"], customer=data["customer"])
+        return NewPayment(
+            payee=data["payee"],
+            amount_minor=data["amount"],
+            currency=data["currency"] or self.config.default_currency,
+            due_at=data["due_at"].astimezone(UTC),
+            payment_method=data["payment_method"],
+            customer=data["customer"],
+        )
 
 
 class IdempotencyKeyHeader(Schema):
     # Its messages are the ones web.problems answers with codes of their own.
     idempotency_key = fields.String(
-        data_key="Idempotency-Key", required=True,
+        data_key="Idempotency-Key",
+        required=True,
         error_messages={"required": IDEMPOTENCY_KEY_MISSING},
-        validate=[validate.Length(min=1, error=IDEMPOTENCY_KEY_MISSING),
-                  validate.Length(max=255, error=IDEMPOTENCY_KEY_INVALID),
-                  validate.Regexp(r"^[\x20-\x7e]*$", error=IDEMPOTENCY_KEY_INVALID)],
-        metadata={"description": (
-            "1-255 printable ASCII characters. The same key and body again answers "
-            "the original payment (Idempotent-Replayed: true); another body, 409.")})
+        validate=[
+            validate.Length(min=1, error=IDEMPOTENCY_KEY_MISSING),
+            validate.Length(max=255, error=IDEMPOTENCY_KEY_INVALID),
+            validate.Regexp(r"^[\x20-\x7e]*$", error=IDEMPOTENCY_KEY_INVALID),
+        ],
+        metadata={
+            "description": (
+                "1-255 printable ASCII characters. The same key and body again answers "
+                "the original payment (Idempotent-Replayed: true); another body, 409."
+            )
+        },
+    )
 
 
 _KEY_HEADER = IdempotencyKeyHeader()
 
 
 class PaymentPath(Schema):
-    payment_id = PathId(parse_payment_id, "no such payment", metadata={
-        "description": "A payment id (UUIDv7). Another payer's payment is 404, never 403."})
+    payment_id = PathId(
+        parse_payment_id,
+        "no such payment",
+        metadata={
+            "description": "A payment id (UUIDv7). Another payer's payment is 404, never 403."
+        },
+    )
 
 
 class ListQuerySchema(Strict):
     status = fields.String(validate=validate.OneOf([s.value for s in Status]))
     limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
-    cursor = Cursor(datetime, UUID, metadata={
-        "format": "payment-cursor", "description": "Opaque: the nextCursor of the previous page."})
+    cursor = Cursor(
+        datetime,
+        UUID,
+        metadata={
+            "format": "payment-cursor",
+            "description": "Opaque: the nextCursor of the previous page.",
+        },
+    )
 
 
 class PaymentPageSchema(Answer):
     data = fields.List(fields.Nested(PaymentSummarySchema))
-    next_cursor = Cursor(datetime, UUID, data_key="nextCursor", allow_none=True,
-                         metadata={"format": "payment-cursor"})
+    next_cursor = Cursor(
+        datetime,
+        UUID,
+        data_key="nextCursor",
+        allow_none=True,
+        metadata={"format": "payment-cursor"},
+    )
 
 
 class CancelledSchema(Answer):
@@ -257,31 +344,53 @@ def _pool():
 
 
 _CREATED_HEADERS = {
-    "Location": {"required": True, "description": "The created resource.",
-                 "schema": {"type": "string", "format": "uri-reference"}},
-    "Idempotent-Replayed": {"description": "Present (true) when this answers a replay.",
-                            "schema": {"type": "string", "enum": ["true"]}},
+    "Location": {
+        "required": True,
+        "description": "The created resource.",
+        "schema": {"type": "string", "format": "uri-reference"},
+    },
+    "Idempotent-Replayed": {
+        "description": "Present (true) when this answers a replay.",
+        "schema": {"type": "string", "enum": ["true"]},
+    },
 }
 
 
 @bp.post("")
 @require_key
-@bp.doc(parameters=[{"in": "header", "schema": _KEY_HEADER}], requestBody=json_body(CREATE_PAYMENT),
-        responses={201: {"links": links("payment_id", "payments_show", "payments_cancel")}})
-@bp.response(201, PaymentSchema, headers=_CREATED_HEADERS, description=(
-    "Created, or the replay of an earlier create with this key and body."))
-@bp.alt_response(400, **problem("No or a bad Idempotency-Key, bad JSON, an invalid body "
-                                "(VALIDATION_FAILED, messages per field in errors), or a "
-                                "customer another payer named first (CUSTOMER_NOT_YOURS, "
-                                "the message in errors.customer)."))
-@bp.alt_response(409, **problem("This Idempotency-Key was used with another body "
-                                "(IDEMPOTENCY_KEY_REUSED)."))
+@bp.doc(
+    parameters=[{"in": "header", "schema": _KEY_HEADER}],
+    requestBody=json_body(CREATE_PAYMENT),
+    responses={201: {"links": links("payment_id", "payments_show", "payments_cancel")}},
+)
+@bp.response(
+    201,
+    PaymentSchema,
+    headers=_CREATED_HEADERS,
+    description=("Created, or the replay of an earlier create with this key and body."),
+)
+@bp.alt_response(
+    400,
+    **problem(
+        "No or a bad Idempotency-Key, bad JSON, an invalid body "
+        "(VALIDATION_FAILED, messages per field in errors), or a "
+        "customer another payer named first (CUSTOMER_NOT_YOURS, "
+        "the message in errors.customer)."
+    ),
+)
+@bp.alt_response(
+    409, **problem("This Idempotency-Key was used with another body (IDEMPOTENCY_KEY_REUSED).")
+)
 @bp.alt_response(413, **TOO_LARGE)
 @bp.alt_response(415, **NOT_JSON)
-@bp.alt_response(503, **problem(
-    "The database could not confirm the create: OUTCOME_UNKNOWN (it may or may not exist; "
-    "retry with the same Idempotency-Key, which returns it or creates it once), or "
-    "UNAVAILABLE (nothing was created)."))
+@bp.alt_response(
+    503,
+    **problem(
+        "The database could not confirm the create: OUTCOME_UNKNOWN (it may or may not exist; "
+        "retry with the same Idempotency-Key, which returns it or creates it once), or "
+        "UNAVAILABLE (nothing was created)."
+    ),
+)
 def create():
     """Schedule a payment.
 
@@ -319,8 +428,13 @@ def create():
     config = current_app.extensions["paycron.config"]
     with _pool().connection() as conn, bounded_write(conn, _write_bound()):
         created = payments.create_payment(
-            conn, actor=actor, key=idempotency_key, body_hash=body_hash, new=new,
-            processor=config.gateway, smear_seconds=config.smear_seconds,
+            conn,
+            actor=actor,
+            key=idempotency_key,
+            body_hash=body_hash,
+            new=new,
+            processor=config.gateway,
+            smear_seconds=config.smear_seconds,
         )
         if created.replayed:
             payments.confirm_replicated(conn, actor=actor, key=idempotency_key)
@@ -357,8 +471,12 @@ def show(payment_id: UUID):
 @bp.path(PaymentPath())
 @bp.response(200, CancelledSchema, description="Cancelled. The payment stays readable.")
 @bp.alt_response(404, **problem("No such payment, or another payer's."))
-@bp.alt_response(409, **problem("Too late: ALREADY_PROCESSING, ALREADY_COMPLETED, "
-                                "ALREADY_FAILED, or OUTCOME_IN_DOUBT."))
+@bp.alt_response(
+    409,
+    **problem(
+        "Too late: ALREADY_PROCESSING, ALREADY_COMPLETED, ALREADY_FAILED, or OUTCOME_IN_DOUBT."
+    ),
+)
 def cancel(payment_id: UUID):
     """Cancel a payment; cancelling a cancelled one is 200 again."""
     with _pool().connection() as conn:
@@ -373,10 +491,15 @@ def cancel(payment_id: UUID):
 @bp.get("")
 @require_key
 @bp.arguments(ListQuerySchema(), location="query", as_kwargs=True)
-@bp.response(200, PaymentPageSchema, description=(
-    "A page; nextCursor is null on the last one. A page may hold fewer than "
-    "limit items, even none, while nextCursor is not null: follow the cursor "
-    "until it is null."))
+@bp.response(
+    200,
+    PaymentPageSchema,
+    description=(
+        "A page; nextCursor is null on the last one. A page may hold fewer than "
+        "limit items, even none, while nextCursor is not null: follow the cursor "
+        "until it is null."
+    ),
+)
 @bp.alt_response(400, **problem("A bad status, limit or cursor."))
 def index(limit: int, status: str | None = None, cursor: tuple | None = None):
     """The caller's payments, newest first (keyset pagination).
@@ -389,5 +512,6 @@ def index(limit: int, status: str | None = None, cursor: tuple | None = None):
     """
     with _pool().connection() as conn:
         page, next_key = payments.list_payments(
-            conn, actor=g.principal.actor, status=status, limit=limit, after=cursor)
+            conn, actor=g.principal.actor, status=status, limit=limit, after=cursor
+        )
     return {"data": page, "next_cursor": next_key}

@@ -57,8 +57,10 @@ _HTTP_CODES = {
 #: rather than VALIDATION_FAILED: its schema (``web.payments``) says them.
 IDEMPOTENCY_KEY_MISSING = "the Idempotency-Key header is required"
 IDEMPOTENCY_KEY_INVALID = "Idempotency-Key must be 1-255 printable ASCII characters"
-_CODED_MESSAGES = {IDEMPOTENCY_KEY_MISSING: "IDEMPOTENCY_KEY_MISSING",
-                   IDEMPOTENCY_KEY_INVALID: "IDEMPOTENCY_KEY_INVALID"}
+_CODED_MESSAGES = {
+    IDEMPOTENCY_KEY_MISSING: "IDEMPOTENCY_KEY_MISSING",
+    IDEMPOTENCY_KEY_INVALID: "IDEMPOTENCY_KEY_INVALID",
+}
 
 
 class ProblemSchema(Answer):
@@ -100,8 +102,12 @@ def refusal(messages: dict[str, list[str]]) -> Exception:
 
 def problem(description: str, **kwargs) -> dict:
     """``@bp.alt_response(status, **problem("..."))``: a documented refusal."""
-    return {"schema": ProblemSchema, "content_type": PROBLEM_JSON, "description": description,
-            **kwargs}
+    return {
+        "schema": ProblemSchema,
+        "content_type": PROBLEM_JSON,
+        "description": description,
+        **kwargs,
+    }
 
 
 #: Refusals any route that reads a body documents.
@@ -137,8 +143,7 @@ def status_for(error: PaycronError) -> int:
 def http_problem(error: HTTPException):
     """What werkzeug raised (404 no route, 405, 413, ...) as a problem."""
     status = error.code or 500
-    response = problem_response(status, _HTTP_CODES.get(status, "HTTP_ERROR"),
-                                error.description)
+    response = problem_response(status, _HTTP_CODES.get(status, "HTTP_ERROR"), error.description)
     valid_methods = getattr(error, "valid_methods", None)
     if valid_methods:  # a 405 must say what is allowed (RFC 9110 §15.5.6)
         response.headers["Allow"] = ", ".join(sorted(valid_methods))
@@ -165,8 +170,7 @@ def register_error_handlers(app: Flask) -> None:
         # Past WEB_STATEMENT_TIMEOUT (or cancelled): the database is too slow
         # to answer now, which is 503, not 500.
         app.logger.warning("statement cancelled: %s", type(error).__name__)
-        return http_problem(ServiceUnavailable("the database did not answer in time; "
-                                               "retry later"))
+        return http_problem(ServiceUnavailable("the database did not answer in time; retry later"))
 
     @app.errorhandler(PoolTimeout)
     @app.errorhandler(OperationalError)

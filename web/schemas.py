@@ -34,7 +34,8 @@ def unicode_text(value: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValidationError(
-            "must be valid Unicode text: no unpaired surrogate (U+D800 to U+DFFF)") from None
+            "must be valid Unicode text: no unpaired surrogate (U+D800 to U+DFFF)"
+        ) from None
 
 
 class Strict(Schema):
@@ -99,10 +100,13 @@ _MICROSECOND = timedelta(microseconds=1)
 #: How a cursor writes each kind of part as an unsigned integer, reads it
 #: back, and the bound it stays below (bigint ids, UUIDs, timestamps in µs).
 _PARTS: dict[type, tuple[Callable[[Any], int], Callable[[int], Any], int]] = {
-    int: (int, int, 2 ** 63),
-    uuid.UUID: (lambda value: value.int, lambda n: uuid.UUID(int=n), 2 ** 128),
-    datetime: (lambda value: (value - _EPOCH) // _MICROSECOND,
-               lambda n: _EPOCH + n * _MICROSECOND, 2 ** 63),
+    int: (int, int, 2**63),
+    uuid.UUID: (lambda value: value.int, lambda n: uuid.UUID(int=n), 2**128),
+    datetime: (
+        lambda value: (value - _EPOCH) // _MICROSECOND,
+        lambda n: _EPOCH + n * _MICROSECOND,
+        2**63,
+    ),
 }
 
 
@@ -118,14 +122,14 @@ class Cursor(fields.String):
 
     default_error_messages = {"invalid": "not a cursor this API returned"}
 
-    def __init__(self, *parts: type, into: Callable[..., Any] = lambda *values: values,
-                 **kwargs):
+    def __init__(self, *parts: type, into: Callable[..., Any] = lambda *values: values, **kwargs):
         super().__init__(**kwargs)
         self.parts, self.into = [_PARTS[part] for part in parts], into
 
     def encode(self, position) -> str:
-        text = ".".join(str(write(value)) for (write, _, _), value in zip(self.parts, position,
-                                                                          strict=True))
+        text = ".".join(
+            str(write(value)) for (write, _, _), value in zip(self.parts, position, strict=True)
+        )
         return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
     def decode(self, cursor: str):
@@ -164,22 +168,39 @@ class PaymentSchema(Answer):
     id = fields.UUID()
     payer = fields.String()
     payee = fields.String()
-    amount = fields.Integer(attribute="amount_minor",
-                            metadata={"description": "Integer minor units of the currency."})
+    amount = fields.Integer(
+        attribute="amount_minor", metadata={"description": "Integer minor units of the currency."}
+    )
     currency = fields.String()
-    payment_method = fields.String(data_key="paymentMethod", allow_none=True, metadata={
-        "description": "The processor's payment method charged; null when none was given."})
-    customer = fields.String(allow_none=True, metadata={
-        "description": "The processor's customer charged; null when none was given."})
+    payment_method = fields.String(
+        data_key="paymentMethod",
+        allow_none=True,
+        metadata={
+            "description": "The processor's payment method charged; null when none was given."
+        },
+    )
+    customer = fields.String(
+        allow_none=True,
+        metadata={"description": "The processor's customer charged; null when none was given."},
+    )
     due_at = fields.AwareDateTime(data_key="dueAt")
     status = fields.String(metadata={"enum": [s.value for s in Status]})
-    failure_reason = fields.String(data_key="failureReason", allow_none=True,
-                                   metadata={"enum": [r.value for r in FailureReason] + [None]})
+    failure_reason = fields.String(
+        data_key="failureReason",
+        allow_none=True,
+        metadata={"enum": [r.value for r in FailureReason] + [None]},
+    )
     in_doubt = fields.Boolean(data_key="inDoubt")
     next_attempt_at = fields.Method(
-        "_next_attempt_at", data_key="nextAttemptAt", allow_none=True,
-        metadata={"type": "string", "format": "date-time",
-                  "description": "When the next attempt is due; null unless PENDING."})
+        "_next_attempt_at",
+        data_key="nextAttemptAt",
+        allow_none=True,
+        metadata={
+            "type": "string",
+            "format": "date-time",
+            "description": "When the next attempt is due; null unless PENDING.",
+        },
+    )
     refunded_at = fields.AwareDateTime(data_key="refundedAt", allow_none=True)
     created_at = fields.AwareDateTime(data_key="createdAt")
     updated_at = fields.AwareDateTime(data_key="updatedAt")

@@ -19,8 +19,12 @@ from web.auth import require_key
 from web.problems import NOT_JSON, TOO_LARGE, problem
 from web.schemas import Answer, Cursor, PathId, Strict, parse_uuid, unicode_text
 
-bp = Blueprint("webhooks", __name__, url_prefix="/v1/webhook-endpoints",
-               description="Where the caller's events are POSTed, signed.")
+bp = Blueprint(
+    "webhooks",
+    __name__,
+    url_prefix="/v1/webhook-endpoints",
+    description="Where the caller's events are POSTed, signed.",
+)
 
 #: Long enough for any real receiver, short enough to keep rows and logs sane.
 MAX_URL_LENGTH = 2048
@@ -28,8 +32,12 @@ MAX_URL_LENGTH = 2048
 
 class CreateEndpointSchema(Strict):
     # require_tld=False: an internal host name or an IP address is a valid receiver.
-    url = fields.Url(required=True, schemes={"http", "https"}, require_tld=False,
-                     validate=[validate.Length(max=MAX_URL_LENGTH), unicode_text])
+    url = fields.Url(
+        required=True,
+        schemes={"http", "https"},
+        require_tld=False,
+        validate=[validate.Length(max=MAX_URL_LENGTH), unicode_text],
+    )
 
 
 class EndpointPath(Schema):
@@ -46,20 +54,32 @@ class CreatedWebhookEndpointSchema(WebhookEndpointSchema):
     class Meta:
         fields = ("id", "url", "secret", "created_at")
 
-    secret = fields.String(metadata={
-        "description": "The HMAC-SHA256 signing key. Shown in this answer only."})
+    secret = fields.String(
+        metadata={"description": "The HMAC-SHA256 signing key. Shown in this answer only."}
+    )
 
 
 class EndpointListQuerySchema(Strict):
     limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
-    cursor = Cursor(datetime, UUID, metadata={
-        "format": "endpoint-cursor", "description": "Opaque: the nextCursor of the previous page."})
+    cursor = Cursor(
+        datetime,
+        UUID,
+        metadata={
+            "format": "endpoint-cursor",
+            "description": "Opaque: the nextCursor of the previous page.",
+        },
+    )
 
 
 class WebhookEndpointPageSchema(Answer):
     data = fields.List(fields.Nested(WebhookEndpointSchema))
-    next_cursor = Cursor(datetime, UUID, data_key="nextCursor", allow_none=True, metadata={
-        "format": "endpoint-cursor", "description": "Null on the last page."})
+    next_cursor = Cursor(
+        datetime,
+        UUID,
+        data_key="nextCursor",
+        allow_none=True,
+        metadata={"format": "endpoint-cursor", "description": "Null on the last page."},
+    )
 
 
 def _pool():
@@ -69,15 +89,32 @@ def _pool():
 @bp.post("")
 @require_key
 @bp.arguments(CreateEndpointSchema(), as_kwargs=True)
-@bp.response(201, CreatedWebhookEndpointSchema, description=(
-    "Registered; the secret is shown this once."), headers={"Location": {
-        "required": True, "description": "The created resource.",
-        "schema": {"type": "string", "format": "uri-reference"}}})
+@bp.response(
+    201,
+    CreatedWebhookEndpointSchema,
+    description=("Registered; the secret is shown this once."),
+    headers={
+        "Location": {
+            "required": True,
+            "description": "The created resource.",
+            "schema": {"type": "string", "format": "uri-reference"},
+        }
+    },
+)
 @bp.doc(responses={201: {"links": links("endpoint_id", "webhooks_delete")}})
-@bp.alt_response(400, **problem("Bad JSON, an invalid url, or one whose host does not "
-                                "resolve to public addresses only."))
-@bp.alt_response(409, **problem("The caller already has MAX_WEBHOOK_ENDPOINTS live "
-                                "endpoints (LIMIT_REACHED); nothing was created."))
+@bp.alt_response(
+    400,
+    **problem(
+        "Bad JSON, an invalid url, or one whose host does not resolve to public addresses only."
+    ),
+)
+@bp.alt_response(
+    409,
+    **problem(
+        "The caller already has MAX_WEBHOOK_ENDPOINTS live "
+        "endpoints (LIMIT_REACHED); nothing was created."
+    ),
+)
 @bp.alt_response(413, **TOO_LARGE)
 @bp.alt_response(415, **NOT_JSON)
 def create(url: str):
@@ -88,22 +125,27 @@ def create(url: str):
         if reason:
             raise ValidationFailed({"url": [f"not a public destination: {reason}"]})
     with _pool().connection() as conn:
-        row = webhooks.create_endpoint(conn, actor=g.principal.actor, url=url,
-                                       max_endpoints=config.max_webhook_endpoints)
+        row = webhooks.create_endpoint(
+            conn, actor=g.principal.actor, url=url, max_endpoints=config.max_webhook_endpoints
+        )
     return row, {"Location": f"{bp.url_prefix}/{row['id']}"}
 
 
 @bp.get("")
 @require_key
 @bp.arguments(EndpointListQuerySchema(), location="query", as_kwargs=True)
-@bp.response(200, WebhookEndpointPageSchema, description=(
-    "A page of endpoints (without secrets); nextCursor is null on the last one."))
+@bp.response(
+    200,
+    WebhookEndpointPageSchema,
+    description=("A page of endpoints (without secrets); nextCursor is null on the last one."),
+)
 @bp.alt_response(400, **problem("A bad limit or cursor."))
 def index(limit: int, cursor: tuple | None = None):
     """The caller's live webhook endpoints, oldest first (keyset pagination)."""
     with _pool().connection() as conn:
-        page, next_key = webhooks.list_endpoints(conn, actor=g.principal.actor, limit=limit,
-                                                 after=cursor)
+        page, next_key = webhooks.list_endpoints(
+            conn, actor=g.principal.actor, limit=limit, after=cursor
+        )
     return {"data": page, "next_cursor": next_key}
 
 

@@ -40,24 +40,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument(
-        "--key-retention-seconds", type=float, default=DEFAULT_KEY_RETENTION_SECONDS,
+        "--key-retention-seconds",
+        type=float,
+        default=DEFAULT_KEY_RETENTION_SECONDS,
         help="how long an idempotency key's answer is remembered (default: one day)",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of the fault dice")
     stripe = parser.add_argument_group("the Stripe surface")
-    stripe.add_argument("--stripe-api-key", default=DEFAULT_API_KEY,
-                        help=f"the secret key requests must present (default: {DEFAULT_API_KEY})")
-    stripe.add_argument("--stripe-webhook-url", action="append", default=[],
-                        help="an endpoint events are POSTed to (repeat for more)")
-    stripe.add_argument("--stripe-webhook-secret", action="append", default=[],
-                        help="a whsec_ secret events are signed with (repeat to roll one; "
-                             f"default: {DEFAULT_WEBHOOK_SECRET})")
-    stripe.add_argument("--stripe-settle-seconds", type=float,
-                        default=DEFAULT_SETTLE_DELAY_MS / 1000,
-                        help="how long a bank debit stays processing")
-    stripe.add_argument("--stripe-search-lag-seconds", type=float,
-                        default=DEFAULT_SEARCH_LAG_MS / 1000,
-                        help="how far the search index lags behind")
+    stripe.add_argument(
+        "--stripe-api-key",
+        default=DEFAULT_API_KEY,
+        help=f"the secret key requests must present (default: {DEFAULT_API_KEY})",
+    )
+    stripe.add_argument(
+        "--stripe-webhook-url",
+        action="append",
+        default=[],
+        help="an endpoint events are POSTed to (repeat for more)",
+    )
+    stripe.add_argument(
+        "--stripe-webhook-secret",
+        action="append",
+        default=[],
+        help="a whsec_ secret events are signed with (repeat to roll one; "
+        f"default: {DEFAULT_WEBHOOK_SECRET})",
+    )
+    stripe.add_argument(
+        "--stripe-settle-seconds",
+        type=float,
+        default=DEFAULT_SETTLE_DELAY_MS / 1000,
+        help="how long a bank debit stays processing",
+    )
+    stripe.add_argument(
+        "--stripe-search-lag-seconds",
+        type=float,
+        default=DEFAULT_SEARCH_LAG_MS / 1000,
+        help="how far the search index lags behind",
+    )
     args = parser.parse_args(argv)
     if args.key_retention_seconds <= 0:
         parser.error("--key-retention-seconds must be positive")

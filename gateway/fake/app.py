@@ -19,7 +19,9 @@ STRIPE = web.AppKey("stripe", StripeSurface)
 
 
 def make_app(
-    retention_seconds: float = DEFAULT_KEY_RETENTION_SECONDS, *, seed: int | None = None,
+    retention_seconds: float = DEFAULT_KEY_RETENTION_SECONDS,
+    *,
+    seed: int | None = None,
     stripe: StripeSettings | None = None,
 ) -> web.Application:
     """The application, its processor in `app[PROCESSOR]`, the Stripe surface in

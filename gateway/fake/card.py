@@ -82,19 +82,27 @@ MAGIC_FATES = {DECLINE_AMOUNT: DECLINE, UNAVAILABLE_AMOUNT: UNAVAILABLE}
 CURRENCY_RE = re.compile(r"[A-Z]{3}")
 DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 SETTLEMENT_COLUMNS = (
-    "charge_id", "idempotency_key", "reference", "amount", "currency", "status", "created_at",
+    "charge_id",
+    "idempotency_key",
+    "reference",
+    "amount",
+    "currency",
+    "status",
+    "created_at",
 )
-DECLINED_BODY = {"error": {
-    "code": "card_declined", "type": "card_error", "message": "the card was declined",
-}}
+DECLINED_BODY = {
+    "error": {
+        "code": "card_declined",
+        "type": "card_error",
+        "message": "the card was declined",
+    }
+}
 
 #: Every refusal of the core a card request can meet, as this surface answers it.
 REFUSAL_ANSWERS: RefusalAnswers = {
     errors.KeyInUse: ErrorShape(409, "idempotency_key_in_use", "idempotency_error"),
     errors.KeyMismatch: ErrorShape(422, "idempotency_key_mismatch", "idempotency_error"),
-    errors.RateLimited: ErrorShape(
-        429, "rate_limited", "rate_limit_error", {"Retry-After": "1"}
-    ),
+    errors.RateLimited: ErrorShape(429, "rate_limited", "rate_limit_error", {"Retry-After": "1"}),
     errors.ChargeMissing: ErrorShape(404, "resource_missing"),
     errors.AlreadyRefunded: ErrorShape(409, "charge_already_refunded"),
     errors.RefundExceedsCharge: ErrorShape(400, "invalid_request"),
@@ -104,13 +112,16 @@ REFUSAL_ANSWERS: RefusalAnswers = {
 def routes(processor: FakeProcessor) -> list[web.RouteDef]:
     """The card surface's routes, over `processor`."""
     surface = CardSurface(processor)
-    return route_table([
-        ("POST", "/v1/charges", surface.create_charge),
-        ("GET", "/v1/charges", surface.list_charges),
-        ("GET", "/v1/charges/{charge_id}", surface.get_charge),
-        ("POST", "/v1/refunds", surface.create_refund),
-        ("GET", "/v1/settlement-report", surface.settlement_report),
-    ], REFUSAL_ANSWERS)
+    return route_table(
+        [
+            ("POST", "/v1/charges", surface.create_charge),
+            ("GET", "/v1/charges", surface.list_charges),
+            ("GET", "/v1/charges/{charge_id}", surface.get_charge),
+            ("POST", "/v1/refunds", surface.create_refund),
+            ("GET", "/v1/settlement-report", surface.settlement_report),
+        ],
+        REFUSAL_ANSWERS,
+    )
 
 
 class CardSurface:
@@ -138,21 +149,32 @@ class CardSurface:
             processor.keys.release(entry)
 
     def _answer(
-        self, request: web.Request, entry: KeyEntry, fate: Fate,
-        amount: int, currency: str, reference: str,
+        self,
+        request: web.Request,
+        entry: KeyEntry,
+        fate: Fate,
+        amount: int,
+        currency: str,
+        reference: str,
     ) -> web.StreamResponse:
         """The answer to a charge request whose fate is decided; stored if definitive."""
         outcome = fate.outcome
         headers = latency_headers(fate.latency_ms)
         if outcome is Outcome.TIMEOUT:
             raise ApiError(
-                504, "gateway_timeout", "the processor did not answer",
-                kind="api_error", headers=headers,
+                504,
+                "gateway_timeout",
+                "the processor did not answer",
+                kind="api_error",
+                headers=headers,
             )
         if outcome is Outcome.SERVER_ERROR:
             raise ApiError(
-                fate.error_status, "processing_error", "transient processor error",
-                kind="api_error", headers=headers,
+                fate.error_status,
+                "processing_error",
+                "transient processor error",
+                kind="api_error",
+                headers=headers,
             )
         if outcome is Outcome.UNAVAILABLE:
             raise ApiError(503, "service_unavailable", "try again later", kind="api_error")
@@ -264,10 +286,17 @@ def _settlement_csv(charges: list[Charge]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(SETTLEMENT_COLUMNS)
     for charge in charges:
-        writer.writerow([
-            charge["id"], charge["idempotency_key"], charge["reference"], charge["amount"],
-            charge["currency"], charge["status"], charge["created_at"],
-        ])
+        writer.writerow(
+            [
+                charge["id"],
+                charge["idempotency_key"],
+                charge["reference"],
+                charge["amount"],
+                charge["currency"],
+                charge["status"],
+                charge["created_at"],
+            ]
+        )
     return out.getvalue()
 
 

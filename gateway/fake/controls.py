@@ -37,14 +37,17 @@ REFUSAL_ANSWERS: RefusalAnswers = {
 def routes(processor: FakeProcessor) -> list[web.RouteDef]:
     """The control routes, over `processor`."""
     controls = Controls(processor)
-    return route_table([
-        ("GET", "/_faults", controls.get_faults),
-        ("POST", "/_faults", controls.set_faults),
-        ("GET", "/_stats", controls.get_stats),
-        ("GET", "/_ledger", controls.get_ledger),
-        ("POST", "/_reset", controls.post_reset),
-        ("GET", "/healthz", controls.healthz),
-    ], REFUSAL_ANSWERS)
+    return route_table(
+        [
+            ("GET", "/_faults", controls.get_faults),
+            ("POST", "/_faults", controls.set_faults),
+            ("GET", "/_stats", controls.get_stats),
+            ("GET", "/_ledger", controls.get_ledger),
+            ("POST", "/_reset", controls.post_reset),
+            ("GET", "/healthz", controls.healthz),
+        ],
+        REFUSAL_ANSWERS,
+    )
 
 
 class Controls:
@@ -69,8 +72,13 @@ class Controls:
     async def get_ledger(self, request: web.Request) -> web.StreamResponse:
         """`GET /_ledger`: the truth tests check against: every card charge (succeeded
         or refunded), and every Stripe intent, charge and refund."""
-        return json_response(200, {"charges": self.processor.ledger.entries(),
-                                   "stripe": self.processor.stripe_ledger.entries()})
+        return json_response(
+            200,
+            {
+                "charges": self.processor.ledger.entries(),
+                "stripe": self.processor.stripe_ledger.entries(),
+            },
+        )
 
     async def post_reset(self, request: web.Request) -> web.StreamResponse:
         """`POST /_reset`: back to an empty gateway with no faults."""

@@ -45,7 +45,10 @@ class Faults:
 
 
 RATE_FIELDS = (
-    "decline_rate", "error_rate", "timeout_rate", "charge_then_drop_rate",
+    "decline_rate",
+    "error_rate",
+    "timeout_rate",
+    "charge_then_drop_rate",
     "error_after_charge_rate",
 )
 MILLISECOND_FIELDS = ("latency_ms", "timeout_sleep_ms")

@@ -133,8 +133,9 @@ async def json_object(request: web.Request) -> dict[str, Any]:
     return payload
 
 
-def route_table(table: list[tuple[str, str, Handler]],
-                refusals: RefusalAnswers) -> list[web.RouteDef]:
+def route_table(
+    table: list[tuple[str, str, Handler]], refusals: RefusalAnswers
+) -> list[web.RouteDef]:
     """``(method, path, handler)`` rows as aiohttp routes, each wrapped by
     :func:`api` with the surface's own refusal table."""
     return [web.route(method, path, api(handler, refusals)) for method, path, handler in table]

@@ -15,7 +15,13 @@ from gateway.fake.errors import AlreadyRefunded, ChargeMissing, RefundExceedsCha
 
 #: The fields of a charge in `entries()` (the `/_ledger` shape).
 LEDGER_FIELDS = (
-    "id", "idempotency_key", "reference", "amount", "currency", "status", "created_at",
+    "id",
+    "idempotency_key",
+    "reference",
+    "amount",
+    "currency",
+    "status",
+    "created_at",
 )
 
 Charge = dict[str, Any]

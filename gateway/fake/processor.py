@@ -26,11 +26,25 @@ from gateway.fake.ledger import Charge, Ledger
 from gateway.fake.stripe_ledger import StripeLedger
 
 STAT_NAMES = (
-    "charge_requests", "rate_limited", "declined", "errors", "timeouts", "dropped",
-    "charges", "replays", "in_use", "key_mismatches", "refunds",
+    "charge_requests",
+    "rate_limited",
+    "declined",
+    "errors",
+    "timeouts",
+    "dropped",
+    "charges",
+    "replays",
+    "in_use",
+    "key_mismatches",
+    "refunds",
     # the Stripe surface's own
-    "stored_errors", "auth_failures", "settled", "events", "deliveries",
-    "delivery_failures", "events_lost",
+    "stored_errors",
+    "auth_failures",
+    "settled",
+    "events",
+    "deliveries",
+    "delivery_failures",
+    "events_lost",
 )
 
 

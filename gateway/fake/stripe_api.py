@@ -52,21 +52,48 @@ from gateway.fake.stripe_wire import (
 )
 
 PREFIX = "/stripe"
-CREATE_PARAMS = frozenset({
-    "amount", "currency", "customer", "payment_method", "confirm", "off_session", "metadata",
-    "description", "expand", "payment_method_types", "receipt_email", "statement_descriptor",
-    "statement_descriptor_suffix", "error_on_requires_action", "return_url",
-})
-CONFIRM_PARAMS = frozenset({"payment_method", "off_session", "expand",
-                            "error_on_requires_action", "return_url", "receipt_email"})
+CREATE_PARAMS = frozenset(
+    {
+        "amount",
+        "currency",
+        "customer",
+        "payment_method",
+        "confirm",
+        "off_session",
+        "metadata",
+        "description",
+        "expand",
+        "payment_method_types",
+        "receipt_email",
+        "statement_descriptor",
+        "statement_descriptor_suffix",
+        "error_on_requires_action",
+        "return_url",
+    }
+)
+CONFIRM_PARAMS = frozenset(
+    {
+        "payment_method",
+        "off_session",
+        "expand",
+        "error_on_requires_action",
+        "return_url",
+        "receipt_email",
+    }
+)
 CANCEL_REASONS = ("duplicate", "fraudulent", "requested_by_customer", "abandoned")
 REFUND_REASONS = ("duplicate", "fraudulent", "requested_by_customer")
 #: The states Stripe confirms or cancels an intent from.
 CONFIRMABLE = ("requires_payment_method", "requires_confirmation", "requires_action")
-CANCELABLE = ("requires_payment_method", "requires_confirmation", "requires_action",
-              "requires_capture")
-SERVER_ERROR_MESSAGE = ("An unknown error occurred while processing your request. "
-                        "Please try again later.")
+CANCELABLE = (
+    "requires_payment_method",
+    "requires_confirmation",
+    "requires_action",
+    "requires_capture",
+)
+SERVER_ERROR_MESSAGE = (
+    "An unknown error occurred while processing your request. Please try again later."
+)
 
 Handler = Callable[[web.Request, Call], Awaitable[web.StreamResponse]]
 
@@ -74,8 +101,7 @@ Handler = Callable[[web.Request, Call], Awaitable[web.StreamResponse]]
 class StripeSurface:
     """The Stripe API's handlers, its settings, its timers and its webhooks."""
 
-    def __init__(self, processor: FakeProcessor, settings: StripeSettings | None = None
-                 ) -> None:
+    def __init__(self, processor: FakeProcessor, settings: StripeSettings | None = None) -> None:
         self.processor = processor
         self.initial_settings = settings or StripeSettings()
         self.settings = self.initial_settings
@@ -110,8 +136,9 @@ class StripeSurface:
             ("GET", "/v1/events", reads.list_events),
             ("GET", "/v1/events/{id}", reads.get_event),
         ]
-        return [web.route(method, PREFIX + path, self._api(handler))
-                for method, path, handler in table]
+        return [
+            web.route(method, PREFIX + path, self._api(handler)) for method, path, handler in table
+        ]
 
     # ---- every request
 
@@ -129,8 +156,10 @@ class StripeSurface:
                 response = await handler(request, call)
             except RateLimited:
                 response = StripeError(
-                    429, "Request rate limit exceeded. Learn more about rate limits here "
-                    "https://stripe.com/docs/rate-limits.", code="rate_limit",
+                    429,
+                    "Request rate limit exceeded. Learn more about rate limits here "
+                    "https://stripe.com/docs/rate-limits.",
+                    code="rate_limit",
                 ).response()
             except StripeError as exc:
                 if exc.status == 401:
@@ -168,11 +197,17 @@ class StripeSurface:
         method = _method(method_id) if method_id is not None else None
         confirm, off_session = boolean(params, "confirm"), boolean(params, "off_session")
         if confirm and method is None:
-            raise invalid("You must provide a payment_method to confirm this PaymentIntent.",
-                          code="parameter_missing", param="payment_method")
+            raise invalid(
+                "You must provide a payment_method to confirm this PaymentIntent.",
+                code="parameter_missing",
+                param="payment_method",
+            )
         fields = {
-            "amount": amount, "currency": currency, "customer": customer,
-            "payment_method": method_id, "metadata": metadata(params),
+            "amount": amount,
+            "currency": currency,
+            "customer": customer,
+            "payment_method": method_id,
+            "metadata": metadata(params),
             "description": string(params, "description"),
             "method_type": method.type if method is not None else "card",
         }
@@ -185,8 +220,7 @@ class StripeSurface:
             if not confirm:
                 return self._finish(fate, Answer(200, expand(self.ledger, intent, paths)))
             assert method is not None and method_id is not None
-            return self._attempt(fate, intent, method_id, method, bool(off_session), call,
-                                 paths)
+            return self._attempt(fate, intent, method_id, method, bool(off_session), call, paths)
 
         return await once(self.processor, request, call, params, run)
 
@@ -208,19 +242,33 @@ class StripeSurface:
             chosen_id = method_id or intent["payment_method"]
             if chosen_id is None:
                 raise _unexpected_state(
-                    intent, "You cannot confirm this PaymentIntent because it's missing a "
-                    "payment method. Specify a payment_method to confirm it with.")
+                    intent,
+                    "You cannot confirm this PaymentIntent because it's missing a "
+                    "payment method. Specify a payment_method to confirm it with.",
+                )
             chosen = method or PAYMENT_METHODS[chosen_id]
             return self._attempt(fate, intent, chosen_id, chosen, off_session, call, paths)
 
         return await once(self.processor, request, call, params, run)
 
-    def _attempt(self, fate: Fate, intent: StripeObject, method_id: str, method: MethodSpec,
-                 off_session: bool, call: Call, paths: list[str]) -> Answer:
+    def _attempt(
+        self,
+        fate: Fate,
+        intent: StripeObject,
+        method_id: str,
+        method: MethodSpec,
+        off_session: bool,
+        call: Call,
+        paths: list[str],
+    ) -> Answer:
         """Confirm `intent` now that the charge reached the network; never awaits, so
         two confirmations of one intent can never both charge."""
         attempt = self.ledger.confirm(
-            intent, method_id, method, call.origin(), off_session=off_session,
+            intent,
+            method_id,
+            method,
+            call.origin(),
+            off_session=off_session,
             declined=fate.outcome is Outcome.DECLINE,
             advice_code=self.settings.decline_advice_code,
         )
@@ -234,8 +282,13 @@ class StripeSurface:
         self.webhooks.publish(self.ledger.drain_events())
         answer.headers.update(latency_headers(fate.latency_ms) or {})
         if fate.outcome is Outcome.CHARGE_THEN_ERROR:
-            raise StripeError(500, SERVER_ERROR_MESSAGE, type="api_error", stored=True,
-                              headers={"Stripe-Should-Retry": "false"})
+            raise StripeError(
+                500,
+                SERVER_ERROR_MESSAGE,
+                type="api_error",
+                stored=True,
+                headers={"Stripe-Should-Retry": "false"},
+            )
         answer.drop = fate.outcome is Outcome.CHARGE_THEN_DROP
         return answer
 
@@ -246,8 +299,10 @@ class StripeSurface:
         check_known(params, frozenset({"cancellation_reason", "expand"}))
         reason = string(params, "cancellation_reason")
         if reason is not None and reason not in CANCEL_REASONS:
-            raise invalid(f"Invalid cancellation_reason: must be one of "
-                          f"{', '.join(CANCEL_REASONS)}", param="cancellation_reason")
+            raise invalid(
+                f"Invalid cancellation_reason: must be one of {', '.join(CANCEL_REASONS)}",
+                param="cancellation_reason",
+            )
         paths = check_expansions(params, "payment_intent")
 
         async def run() -> Answer:
@@ -263,17 +318,23 @@ class StripeSurface:
     async def create_refund(self, request: web.Request, call: Call) -> web.StreamResponse:
         """`POST /v1/refunds` with `payment_intent` (or `charge`), `amount`?, `reason`?."""
         params = await _form(request)
-        check_known(params, frozenset({"payment_intent", "charge", "amount", "reason",
-                                       "metadata", "expand"}))
+        check_known(
+            params,
+            frozenset({"payment_intent", "charge", "amount", "reason", "metadata", "expand"}),
+        )
         intent_id, charge_id = string(params, "payment_intent"), string(params, "charge")
         if (intent_id is None) == (charge_id is None):
-            raise invalid("Provide exactly one of charge or payment_intent.",
-                          code="parameter_missing", param="payment_intent")
+            raise invalid(
+                "Provide exactly one of charge or payment_intent.",
+                code="parameter_missing",
+                param="payment_intent",
+            )
         amount = integer(params, "amount")
         reason = string(params, "reason")
         if reason is not None and reason not in REFUND_REASONS:
-            raise invalid(f"Invalid reason: must be one of {', '.join(REFUND_REASONS)}",
-                          param="reason")
+            raise invalid(
+                f"Invalid reason: must be one of {', '.join(REFUND_REASONS)}", param="reason"
+            )
         refund_metadata = metadata(params)
         if intent_id is not None:
             find_intent(self.ledger, intent_id, param="payment_intent", status=400)
@@ -285,11 +346,17 @@ class StripeSurface:
             charge = self._refundable(intent_id, charge_id)
             remaining = charge["amount"] - charge["amount_refunded"]
             if amount is not None and not 1 <= amount <= remaining:
-                raise StripeError(400, f"Refund amount ({amount}) is greater than unrefunded "
-                                  f"amount on charge ({remaining})", code="amount_too_large",
-                                  param="amount", stored=True)
-            refund = self.ledger.refund(charge, amount or remaining, reason, refund_metadata,
-                                        call.origin())
+                raise StripeError(
+                    400,
+                    f"Refund amount ({amount}) is greater than unrefunded "
+                    f"amount on charge ({remaining})",
+                    code="amount_too_large",
+                    param="amount",
+                    stored=True,
+                )
+            refund = self.ledger.refund(
+                charge, amount or remaining, reason, refund_metadata, call.origin()
+            )
             self.webhooks.publish(self.ledger.drain_events())
             return Answer(200, expand(self.ledger, refund, paths))
 
@@ -302,18 +369,31 @@ class StripeSurface:
             assert intent is not None
             charge = self.ledger.charges.get(intent["latest_charge"] or "")
             if intent["status"] != "succeeded" or charge is None:
-                raise StripeError(400, "This PaymentIntent does not have a successful charge "
-                                  "to refund.", code="charge_not_refundable",
-                                  param="payment_intent", stored=True)
+                raise StripeError(
+                    400,
+                    "This PaymentIntent does not have a successful charge to refund.",
+                    code="charge_not_refundable",
+                    param="payment_intent",
+                    stored=True,
+                )
         else:
             charge = self.ledger.charges.get(charge_id or "")
             assert charge is not None
             if charge["status"] != "succeeded":
-                raise StripeError(400, f"Charge {charge['id']} has not succeeded.",
-                                  code="charge_not_refundable", param="charge", stored=True)
+                raise StripeError(
+                    400,
+                    f"Charge {charge['id']} has not succeeded.",
+                    code="charge_not_refundable",
+                    param="charge",
+                    stored=True,
+                )
         if charge["refunded"]:
-            raise StripeError(400, f"Charge {charge['id']} has already been refunded.",
-                              code="charge_already_refunded", stored=True)
+            raise StripeError(
+                400,
+                f"Charge {charge['id']} has already been refunded.",
+                code="charge_already_refunded",
+                stored=True,
+            )
         return charge
 
     # ---- bank debits settle later
@@ -338,13 +418,13 @@ class StripeSurface:
 
     def settle_all(self) -> list[str]:
         """Settle every processing intent now (the `settle now` control)."""
-        waiting = [intent["id"] for intent in self.ledger.intents
-                   if intent["status"] == "processing"]
+        waiting = [
+            intent["id"] for intent in self.ledger.intents if intent["status"] == "processing"
+        ]
         return [intent_id for intent_id in waiting if self.settle(intent_id)]
 
     def processing(self) -> list[str]:
-        return [intent["id"] for intent in self.ledger.intents
-                if intent["status"] == "processing"]
+        return [intent["id"] for intent in self.ledger.intents if intent["status"] == "processing"]
 
     # ---- lifecycle
 
@@ -369,23 +449,34 @@ def _before_execution(fate: Fate) -> None:
     if fate.outcome is Outcome.TIMEOUT:
         raise StripeError(504, "The request timed out.", type="api_error", headers=headers)
     if fate.outcome in (Outcome.SERVER_ERROR, Outcome.UNAVAILABLE):
-        raise StripeError(fate.error_status, SERVER_ERROR_MESSAGE, type="api_error",
-                          headers=headers)
+        raise StripeError(
+            fate.error_status, SERVER_ERROR_MESSAGE, type="api_error", headers=headers
+        )
 
 
 def _check_amount(amount: int, currency: str) -> None:
     if len(currency) != 3 or not currency.isalpha():
-        raise invalid(f"Invalid currency: {currency}.", code="parameter_invalid_string",
-                      param="currency")
+        raise invalid(
+            f"Invalid currency: {currency}.", code="parameter_invalid_string", param="currency"
+        )
     if amount < 1:
-        raise invalid("This value must be greater than or equal to 1.",
-                      code="parameter_invalid_integer", param="amount")
+        raise invalid(
+            "This value must be greater than or equal to 1.",
+            code="parameter_invalid_integer",
+            param="amount",
+        )
     if amount > MAX_AMOUNT:
-        raise invalid(f"Amount must be no more than {MAX_AMOUNT} {currency} minor units.",
-                      code="amount_too_large", param="amount")
+        raise invalid(
+            f"Amount must be no more than {MAX_AMOUNT} {currency} minor units.",
+            code="amount_too_large",
+            param="amount",
+        )
     if amount < minimum_amount(currency):
-        raise invalid(f"Amount must be at least {minimum_amount(currency)} {currency} minor "
-                      "units.", code="amount_too_small", param="amount")
+        raise invalid(
+            f"Amount must be at least {minimum_amount(currency)} {currency} minor units.",
+            code="amount_too_small",
+            param="amount",
+        )
 
 
 def _method(method_id: str) -> MethodSpec:
@@ -398,15 +489,22 @@ def _method(method_id: str) -> MethodSpec:
 def _expect_state(intent: StripeObject, allowed: tuple[str, ...], action: str) -> None:
     if intent["status"] not in allowed:
         raise _unexpected_state(
-            intent, f"You cannot {action} this PaymentIntent because it has a status of "
+            intent,
+            f"You cannot {action} this PaymentIntent because it has a status of "
             f"{intent['status']}. Only a PaymentIntent with one of the following statuses may "
-            f"be {action}ed: {', '.join(allowed)}.")
+            f"be {action}ed: {', '.join(allowed)}.",
+        )
 
 
 def _unexpected_state(intent: StripeObject, message: str) -> StripeError:
     """Stripe's 400 for an intent in the wrong state (execution began: stored)."""
-    return StripeError(400, message, code="payment_intent_unexpected_state", stored=True,
-                       payment_intent=dict(intent))
+    return StripeError(
+        400,
+        message,
+        code="payment_intent_unexpected_state",
+        stored=True,
+        payment_intent=dict(intent),
+    )
 
 
 async def _form(request: web.Request) -> Params:

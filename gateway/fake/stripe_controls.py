@@ -28,12 +28,15 @@ from gateway.fake.stripe_wire import mask
 def routes(surface: StripeSurface) -> list[web.RouteDef]:
     """The Stripe control routes, over `surface`."""
     handlers = StripeControls(surface)
-    return route_table([
-        ("GET", "/_stripe", handlers.get_settings),
-        ("POST", "/_stripe", handlers.set_settings),
-        ("POST", "/_stripe/settle", handlers.settle),
-        ("GET", "/_stripe/events", handlers.events),
-    ], controls.REFUSAL_ANSWERS)
+    return route_table(
+        [
+            ("GET", "/_stripe", handlers.get_settings),
+            ("POST", "/_stripe", handlers.set_settings),
+            ("POST", "/_stripe/settle", handlers.settle),
+            ("GET", "/_stripe/events", handlers.events),
+        ],
+        controls.REFUSAL_ANSWERS,
+    )
 
 
 class StripeControls:
@@ -58,15 +61,17 @@ class StripeControls:
 
     async def set_settings(self, request: web.Request) -> web.StreamResponse:
         surface = self.surface
-        surface.settings = updated_settings(surface.settings, surface.initial_settings,
-                                            await json_object(request))
+        surface.settings = updated_settings(
+            surface.settings, surface.initial_settings, await json_object(request)
+        )
         return json_response(200, self._state())
 
     async def settle(self, request: web.Request) -> web.StreamResponse:
         body = await json_object(request) if request.can_read_body else {}
         intent_id = body.get("payment_intent")
-        if set(body) - {"payment_intent"} or (intent_id is not None
-                                              and not isinstance(intent_id, str)):
+        if set(body) - {"payment_intent"} or (
+            intent_id is not None and not isinstance(intent_id, str)
+        ):
             raise InvalidFaults("the body may only name a payment_intent (an id)")
         if intent_id is None:
             settled = self.surface.settle_all()
@@ -78,8 +83,18 @@ class StripeControls:
         deliveries: dict[str, list[dict[str, Any]]] = {}
         for delivery in self.surface.webhooks.deliveries:
             deliveries.setdefault(delivery.event_id, []).append(delivery.as_json())
-        return json_response(200, {"events": [{
-            "id": event["id"], "type": event["type"], "created": event["created"],
-            "object_id": event["data"]["object"]["id"],
-            "deliveries": deliveries.get(event["id"], []),
-        } for event in self.surface.ledger.events]})
+        return json_response(
+            200,
+            {
+                "events": [
+                    {
+                        "id": event["id"],
+                        "type": event["type"],
+                        "created": event["created"],
+                        "object_id": event["data"]["object"]["id"],
+                        "deliveries": deliveries.get(event["id"], []),
+                    }
+                    for event in self.surface.ledger.events
+                ]
+            },
+        )

@@ -59,28 +59,34 @@ class Answer:
 Execution = Callable[[], Awaitable[Answer]]
 
 
-async def once(processor: FakeProcessor, request: web.Request, call: Call, params: Params,
-               run: Execution) -> web.StreamResponse:
+async def once(
+    processor: FakeProcessor, request: web.Request, call: Call, params: Params, run: Execution
+) -> web.StreamResponse:
     """Run a POST's execution at most once per idempotency key."""
     if call.key is None:  # no key (curl): no idempotency
         return send(request, await stored_or_raise(run))
     if len(call.key) > MAX_KEY_LENGTH:
         raise invalid(f"Idempotency-Key must be at most {MAX_KEY_LENGTH} characters")
     try:
-        entry = processor.claim(KEY_NAMESPACE + call.key,
-                                fingerprint(request.method, request.path, params))
+        entry = processor.claim(
+            KEY_NAMESPACE + call.key, fingerprint(request.method, request.path, params)
+        )
     except KeyInUse:
         raise StripeError(
-            409, "There is currently another in-progress request using this Idempotent "
+            409,
+            "There is currently another in-progress request using this Idempotent "
             "Key (that probably means you submitted twice, and the other request is still "
             f"going through): {call.key}. Please try again later.",
-            code="idempotency_key_in_use", headers={"Stripe-Should-Retry": "true"},
+            code="idempotency_key_in_use",
+            headers={"Stripe-Should-Retry": "true"},
         ) from None
     except KeyMismatch:
         raise StripeError(
-            400, "Keys for idempotent requests can only be used with the same parameters "
+            400,
+            "Keys for idempotent requests can only be used with the same parameters "
             f"they were first used with. Try using a key other than '{call.key}' if you "
-            "meant to execute a different request.", type="idempotency_error",
+            "meant to execute a different request.",
+            type="idempotency_error",
         ) from None
     if entry.answered:
         assert entry.status is not None

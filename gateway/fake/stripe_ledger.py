@@ -66,13 +66,13 @@ class Collection:
         return None if position is None else self._items[position]
 
     def __iter__(self) -> Iterator[StripeObject]:
-        return (obj for obj in self._items[self._start:] if obj is not None)
+        return (obj for obj in self._items[self._start :] if obj is not None)
 
     def __len__(self) -> int:
         return len(self._items) - self._start
 
     def newest_first(self) -> Iterator[StripeObject]:
-        return (obj for obj in reversed(self._items[self._start:]) if obj is not None)
+        return (obj for obj in reversed(self._items[self._start :]) if obj is not None)
 
     def drop_oldest(self, keep: int) -> None:
         """Forget all but the newest `keep` objects (their positions stay taken)."""
@@ -84,8 +84,13 @@ class Collection:
             self._start += 1
 
     def page(
-        self, *, limit: int, starting_after: str | None = None, ending_before: str | None = None,
-        where: dict[str, Any] | None = None, created: dict[str, int] | None = None,
+        self,
+        *,
+        limit: int,
+        starting_after: str | None = None,
+        ending_before: str | None = None,
+        where: dict[str, Any] | None = None,
+        created: dict[str, int] | None = None,
     ) -> tuple[list[StripeObject], bool]:
         """One page, newest first: the objects matching `where` (field equality) and
         `created` (``gt``/``gte``/``lt``/``lte``), after or before a cursor's id
@@ -94,8 +99,9 @@ class Collection:
         positions = self._candidates(where)
 
         def matches(obj: StripeObject) -> bool:
-            return (all(obj.get(name) == value for name, value in where.items())
-                    and in_range(obj["created"], created))
+            return all(obj.get(name) == value for name, value in where.items()) and in_range(
+                obj["created"], created
+            )
 
         found: list[StripeObject] = []
         if ending_before is not None:  # the page just newer than the cursor
@@ -133,10 +139,12 @@ class Collection:
 
 def in_range(value: int, bounds: dict[str, int]) -> bool:
     """Whether `value` lies within Stripe range filter `bounds`."""
-    return (("gt" not in bounds or value > bounds["gt"])
-            and ("gte" not in bounds or value >= bounds["gte"])
-            and ("lt" not in bounds or value < bounds["lt"])
-            and ("lte" not in bounds or value <= bounds["lte"]))
+    return (
+        ("gt" not in bounds or value > bounds["gt"])
+        and ("gte" not in bounds or value >= bounds["gte"])
+        and ("lt" not in bounds or value < bounds["lt"])
+        and ("lte" not in bounds or value <= bounds["lte"])
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -200,8 +208,15 @@ class StripeLedger:
         return intent
 
     def confirm(
-        self, intent: StripeObject, method_id: str, method: MethodSpec, origin: Origin, *,
-        off_session: bool, declined: bool = False, advice_code: str | None = None,
+        self,
+        intent: StripeObject,
+        method_id: str,
+        method: MethodSpec,
+        origin: Origin,
+        *,
+        off_session: bool,
+        declined: bool = False,
+        advice_code: str | None = None,
     ) -> Attempt:
         """Confirm `intent` with a payment method whose charge reached the network;
         `declined`: the faults declined it whatever the method."""
@@ -212,25 +227,49 @@ class StripeLedger:
         elif method.once and intent["id"] in self._declined_once:
             effect = Effect.SUCCEED
         if effect is Effect.AUTHENTICATE and not off_session:
-            self._change(intent, {"payment_method": method_id, "status": "requires_action",
-                                  "next_action": {"type": "use_stripe_sdk"}},
-                         "payment_intent.requires_action", origin)
+            self._change(
+                intent,
+                {
+                    "payment_method": method_id,
+                    "status": "requires_action",
+                    "next_action": {"type": "use_stripe_sdk"},
+                },
+                "payment_intent.requires_action",
+                origin,
+            )
             return Attempt(200, intent)
         charge = objects.charge(intent, method_id, method.charge_prefix, self.now())
         self.charges.add(charge)
-        attempted = {"payment_method": method_id, "latest_charge": charge["id"],
-                     "next_action": None}
+        attempted = {
+            "payment_method": method_id,
+            "latest_charge": charge["id"],
+            "next_action": None,
+        }
         if effect is Effect.SUCCEED:
             self._succeed(intent, charge, origin, attempted)
             return Attempt(200, intent)
         if effect is Effect.PROCESS:
-            self._change(intent, {**attempted, "status": "processing"},
-                         "payment_intent.processing", origin, charge, "charge.pending")
+            self._change(
+                intent,
+                {**attempted, "status": "processing"},
+                "payment_intent.processing",
+                origin,
+                charge,
+                "charge.pending",
+            )
             return Attempt(200, intent, processing=True)
         if method.once:
             self._declined_once.add(intent["id"])
-        error = self._fail(intent, charge, decline or AUTHENTICATION_REQUIRED, method.type,
-                           advice_code, origin, attempted, counted=declined)
+        error = self._fail(
+            intent,
+            charge,
+            decline or AUTHENTICATION_REQUIRED,
+            method.type,
+            advice_code,
+            origin,
+            attempted,
+            counted=declined,
+        )
         return Attempt(402, {"error": {**error, "payment_intent": dict(intent)}})
 
     def settle(self, intent: StripeObject, method: MethodSpec) -> None:
@@ -245,39 +284,87 @@ class StripeLedger:
             self._fail(intent, charge, method.decline, method.type, None, AUTOMATIC)
 
     def cancel(self, intent: StripeObject, reason: str | None, origin: Origin) -> None:
-        self._change(intent, {"status": "canceled", "canceled_at": self.now(),
-                              "cancellation_reason": reason, "next_action": None},
-                     "payment_intent.canceled", origin)
+        self._change(
+            intent,
+            {
+                "status": "canceled",
+                "canceled_at": self.now(),
+                "cancellation_reason": reason,
+                "next_action": None,
+            },
+            "payment_intent.canceled",
+            origin,
+        )
 
-    def _succeed(self, intent: StripeObject, charge: StripeObject, origin: Origin,
-                 changes: dict[str, Any] | None = None) -> None:
+    def _succeed(
+        self,
+        intent: StripeObject,
+        charge: StripeObject,
+        origin: Origin,
+        changes: dict[str, Any] | None = None,
+    ) -> None:
         objects.succeed_charge(charge)
         self.stats["charges"] += 1
-        self._change(intent, {**(changes or {}), "status": "succeeded",
-                              "amount_received": intent["amount"], "last_payment_error": None},
-                     "payment_intent.succeeded", origin, charge, "charge.succeeded")
+        self._change(
+            intent,
+            {
+                **(changes or {}),
+                "status": "succeeded",
+                "amount_received": intent["amount"],
+                "last_payment_error": None,
+            },
+            "payment_intent.succeeded",
+            origin,
+            charge,
+            "charge.succeeded",
+        )
 
-    def _fail(self, intent: StripeObject, charge: StripeObject, decline: Decline,
-              method_type: str, advice_code: str | None, origin: Origin,
-              changes: dict[str, Any] | None = None, *, counted: bool = False
-              ) -> StripeObject:
+    def _fail(
+        self,
+        intent: StripeObject,
+        charge: StripeObject,
+        decline: Decline,
+        method_type: str,
+        advice_code: str | None,
+        origin: Origin,
+        changes: dict[str, Any] | None = None,
+        *,
+        counted: bool = False,
+    ) -> StripeObject:
         """Decline the charge; the intent waits for another payment method (Stripe
         clears `payment_method`: a new confirmation names one again). `counted`:
         the faults' decline was counted already."""
         objects.fail_charge(charge, decline)
-        error = objects.payment_error(decline, charge["id"], charge["payment_method"],
-                                      method_type, advice_code)
+        error = objects.payment_error(
+            decline, charge["id"], charge["payment_method"], method_type, advice_code
+        )
         if not counted:
             self.stats["declined"] += 1
-        self._change(intent, {**(changes or {}), "status": "requires_payment_method",
-                              "payment_method": None, "last_payment_error": error},
-                     "payment_intent.payment_failed", origin, charge, "charge.failed")
+        self._change(
+            intent,
+            {
+                **(changes or {}),
+                "status": "requires_payment_method",
+                "payment_method": None,
+                "last_payment_error": error,
+            },
+            "payment_intent.payment_failed",
+            origin,
+            charge,
+            "charge.failed",
+        )
         return error
 
     # ---- refunds
 
-    def refund(self, charge: StripeObject, amount: int, reason: str | None,
-               metadata: dict[str, str], origin: Origin) -> StripeObject:
+    def refund(
+        self,
+        charge: StripeObject,
+        amount: int,
+        reason: str | None,
+        metadata: dict[str, str],
+        origin: Origin,
+    ) -> StripeObject:
         refund = objects.refund(charge, amount, reason, metadata, self.now())
         self.refunds.add(refund)
         charge["amount_refunded"] += amount
@@ -289,9 +376,15 @@ class StripeLedger:
 
     # ---- events and search
 
-    def _change(self, intent: StripeObject, changes: dict[str, Any], event_type: str,
-                origin: Origin, charge: StripeObject | None = None,
-                charge_event: str | None = None) -> None:
+    def _change(
+        self,
+        intent: StripeObject,
+        changes: dict[str, Any],
+        event_type: str,
+        origin: Origin,
+        charge: StripeObject | None = None,
+        charge_event: str | None = None,
+    ) -> None:
         """Change `intent` (every change of an intent comes through here), keep what
         the search index still shows of it, and emit the events of the change."""
         now = time.monotonic()
@@ -319,9 +412,12 @@ class StripeLedger:
 
     def _emit(self, event_type: str, obj: StripeObject, origin: Origin) -> None:
         event = objects.event(
-            event_type, obj, created=self.now(),
+            event_type,
+            obj,
+            created=self.now(),
             api_version=origin.api_version or self.api_version,
-            request_id=origin.request_id, idempotency_key=origin.idempotency_key,
+            request_id=origin.request_id,
+            idempotency_key=origin.idempotency_key,
         )
         self.events.add(event)
         self.events.drop_oldest(EVENTS_KEPT)
@@ -351,26 +447,47 @@ class StripeLedger:
     def entries(self) -> dict[str, list[dict[str, Any]]]:
         """Every intent, charge and refund, oldest first (the `/_ledger` Stripe section)."""
         return {
-            "payment_intents": [{
-                "id": intent["id"], "status": intent["status"], "amount": intent["amount"],
-                "currency": intent["currency"], "customer": intent["customer"],
-                "payment_method": self._method_of.get(intent["id"], intent["payment_method"]),
-                "paycron_payment_id": intent["metadata"].get(PAYMENT_ID_KEY),
-                "metadata": intent["metadata"], "latest_charge": intent["latest_charge"],
-                "idempotency_key": self._key_of.get(intent["id"]), "created": intent["created"],
-            } for intent in self.intents],
-            "charges": [{
-                "id": charge["id"], "payment_intent": charge["payment_intent"],
-                "status": charge["status"], "amount": charge["amount"],
-                "currency": charge["currency"], "customer": charge["customer"],
-                "payment_method": charge["payment_method"],
-                "paycron_payment_id": charge["metadata"].get(PAYMENT_ID_KEY),
-                "refunded": charge["refunded"], "amount_refunded": charge["amount_refunded"],
-                "created": charge["created"],
-            } for charge in self.charges],
-            "refunds": [{
-                "id": refund["id"], "charge": refund["charge"],
-                "payment_intent": refund["payment_intent"], "amount": refund["amount"],
-                "status": refund["status"], "created": refund["created"],
-            } for refund in self.refunds],
+            "payment_intents": [
+                {
+                    "id": intent["id"],
+                    "status": intent["status"],
+                    "amount": intent["amount"],
+                    "currency": intent["currency"],
+                    "customer": intent["customer"],
+                    "payment_method": self._method_of.get(intent["id"], intent["payment_method"]),
+                    "paycron_payment_id": intent["metadata"].get(PAYMENT_ID_KEY),
+                    "metadata": intent["metadata"],
+                    "latest_charge": intent["latest_charge"],
+                    "idempotency_key": self._key_of.get(intent["id"]),
+                    "created": intent["created"],
+                }
+                for intent in self.intents
+            ],
+            "charges": [
+                {
+                    "id": charge["id"],
+                    "payment_intent": charge["payment_intent"],
+                    "status": charge["status"],
+                    "amount": charge["amount"],
+                    "currency": charge["currency"],
+                    "customer": charge["customer"],
+                    "payment_method": charge["payment_method"],
+                    "paycron_payment_id": charge["metadata"].get(PAYMENT_ID_KEY),
+                    "refunded": charge["refunded"],
+                    "amount_refunded": charge["amount_refunded"],
+                    "created": charge["created"],
+                }
+                for charge in self.charges
+            ],
+            "refunds": [
+                {
+                    "id": refund["id"],
+                    "charge": refund["charge"],
+                    "payment_intent": refund["payment_intent"],
+                    "amount": refund["amount"],
+                    "status": refund["status"],
+                    "created": refund["created"],
+                }
+                for refund in self.refunds
+            ],
         }

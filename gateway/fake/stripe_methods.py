@@ -16,10 +16,30 @@ MAX_AMOUNT = 99_999_999
 #: Stripe's minimum charge per currency, in minor units (its published table);
 #: a currency not listed here needs at least one minor unit.
 MINIMUM_AMOUNTS = {
-    "usd": 50, "aed": 200, "aud": 50, "bgn": 100, "brl": 50, "cad": 50, "chf": 50,
-    "czk": 1500, "dkk": 250, "eur": 50, "gbp": 30, "hkd": 400, "huf": 17500, "inr": 50,
-    "jpy": 50, "mxn": 1000, "myr": 200, "nok": 300, "nzd": 50, "pln": 200, "ron": 200,
-    "sek": 300, "sgd": 50, "thb": 1000,
+    "usd": 50,
+    "aed": 200,
+    "aud": 50,
+    "bgn": 100,
+    "brl": 50,
+    "cad": 50,
+    "chf": 50,
+    "czk": 1500,
+    "dkk": 250,
+    "eur": 50,
+    "gbp": 30,
+    "hkd": 400,
+    "huf": 17500,
+    "inr": 50,
+    "jpy": 50,
+    "mxn": 1000,
+    "myr": 200,
+    "nok": 300,
+    "nzd": 50,
+    "pln": 200,
+    "ron": 200,
+    "sek": 300,
+    "sgd": 50,
+    "thb": 1000,
 }
 
 
@@ -53,16 +73,21 @@ INSUFFICIENT_FUNDS = Decline(
     "card_declined", "insufficient_funds", "Your card has insufficient funds."
 )
 PROCESSING_ERROR = Decline(
-    "processing_error", None,
+    "processing_error",
+    None,
     "An error occurred while processing your card. Try again in a little bit.",
 )
 AUTHENTICATION_REQUIRED = Decline(
-    "authentication_required", "authentication_required",
-    "Your card was declined. This transaction requires authentication.", advisable=False,
+    "authentication_required",
+    "authentication_required",
+    "Your card was declined. This transaction requires authentication.",
+    advisable=False,
 )
 BANK_DEBIT_FAILED = Decline(
-    "payment_method_provider_decline", "insufficient_funds",
-    "The customer's bank account has insufficient funds.", advisable=False,
+    "payment_method_provider_decline",
+    "insufficient_funds",
+    "The customer's bank account has insufficient funds.",
+    advisable=False,
 )
 
 

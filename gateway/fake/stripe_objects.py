@@ -32,8 +32,15 @@ def doc_url(code: str) -> str:
 
 
 def payment_intent(
-    *, amount: int, currency: str, customer: str | None, payment_method: str | None,
-    metadata: dict[str, str], description: str | None, created: int, method_type: str,
+    *,
+    amount: int,
+    currency: str,
+    customer: str | None,
+    payment_method: str | None,
+    metadata: dict[str, str],
+    description: str | None,
+    created: int,
+    method_type: str,
 ) -> StripeObject:
     """A new PaymentIntent, not yet confirmed."""
     intent_id = new_id("pi_")
@@ -95,25 +102,39 @@ def charge(intent: StripeObject, payment_method: str, prefix: str, created: int)
 def succeed_charge(charge_: StripeObject) -> None:
     """The charge went through."""
     charge_.update(
-        status="succeeded", paid=True, captured=True, amount_captured=charge_["amount"],
-        outcome={"network_status": "approved_by_network", "reason": None,
-                 "seller_message": "Payment complete.", "type": "authorized"},
+        status="succeeded",
+        paid=True,
+        captured=True,
+        amount_captured=charge_["amount"],
+        outcome={
+            "network_status": "approved_by_network",
+            "reason": None,
+            "seller_message": "Payment complete.",
+            "type": "authorized",
+        },
     )
 
 
 def fail_charge(charge_: StripeObject, decline: Decline) -> None:
     """The charge was declined."""
     charge_.update(
-        status="failed", failure_code=decline.code, failure_message=decline.message,
-        outcome={"network_status": "declined_by_network",
-                 "reason": decline.decline_code or decline.code,
-                 "seller_message": "The bank did not return any further details with this "
-                                   "decline.", "type": "issuer_declined"},
+        status="failed",
+        failure_code=decline.code,
+        failure_message=decline.message,
+        outcome={
+            "network_status": "declined_by_network",
+            "reason": decline.decline_code or decline.code,
+            "seller_message": "The bank did not return any further details with this decline.",
+            "type": "issuer_declined",
+        },
     )
 
 
 def payment_error(
-    decline: Decline, charge_id: str, payment_method: str, method_type: str,
+    decline: Decline,
+    charge_id: str,
+    payment_method: str,
+    method_type: str,
     advice_code: str | None,
 ) -> StripeObject:
     """A decline as `last_payment_error` (and, with the intent added, as the 402's `error`)."""
@@ -123,8 +144,7 @@ def payment_error(
         "message": decline.message,
         "charge": charge_id,
         "doc_url": doc_url(decline.code),
-        "payment_method": {"id": payment_method, "object": "payment_method",
-                           "type": method_type},
+        "payment_method": {"id": payment_method, "object": "payment_method", "type": method_type},
     }
     if decline.decline_code is not None:
         error["decline_code"] = decline.decline_code
@@ -133,8 +153,9 @@ def payment_error(
     return error
 
 
-def refund(charge_: StripeObject, amount: int, reason: str | None,
-           metadata: dict[str, str], created: int) -> StripeObject:
+def refund(
+    charge_: StripeObject, amount: int, reason: str | None, metadata: dict[str, str], created: int
+) -> StripeObject:
     """A succeeded refund of `amount` of `charge_`."""
     return {
         "id": new_id("re_"),
@@ -150,8 +171,15 @@ def refund(charge_: StripeObject, amount: int, reason: str | None,
     }
 
 
-def event(event_type: str, obj: StripeObject, *, created: int, api_version: str,
-          request_id: str | None, idempotency_key: str | None) -> StripeObject:
+def event(
+    event_type: str,
+    obj: StripeObject,
+    *,
+    created: int,
+    api_version: str,
+    request_id: str | None,
+    idempotency_key: str | None,
+) -> StripeObject:
     """An Event carrying a snapshot of `obj` as it is now (see the module docstring)."""
     return {
         "id": new_id("evt_"),

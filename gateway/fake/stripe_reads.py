@@ -57,8 +57,9 @@ class StripeReads:
 
     async def list_intents(self, request: web.Request, call: Call) -> web.StreamResponse:
         """`GET /v1/payment_intents?customer=&created[gte]=&limit=&starting_after=`."""
-        return self._list(request, self.ledger().intents, "/v1/payment_intents",
-                          "payment_intent", ("customer",))
+        return self._list(
+            request, self.ledger().intents, "/v1/payment_intents", "payment_intent", ("customer",)
+        )
 
     async def search_intents(self, request: web.Request, call: Call) -> web.StreamResponse:
         """`GET /v1/payment_intents/search?query=&limit=&page=`."""
@@ -77,27 +78,32 @@ class StripeReads:
             if cursor not in ids:
                 raise invalid(f"Invalid page: {page}", param="page")
             start = ids.index(cursor) + 1
-        data = found[start:start + size]
+        data = found[start : start + size]
         has_more = start + size < len(found)
         next_page = f"page_{data[-1]['id']}" if has_more else None
-        result = search_result("/v1/payment_intents/search",
-                               self._expand_all(data, paths, "payment_intent"), has_more,
-                               next_page)
+        result = search_result(
+            "/v1/payment_intents/search",
+            self._expand_all(data, paths, "payment_intent"),
+            has_more,
+            next_page,
+        )
         if total:
             result["total_count"] = len(found)
         return json_response(200, result)
 
     async def list_charges(self, request: web.Request, call: Call) -> web.StreamResponse:
         """`GET /v1/charges?created[gte]=&created[lt]=&…`: every charge, with its status."""
-        return self._list(request, self.ledger().charges, "/v1/charges", "charge",
-                          ("customer", "payment_intent"))
+        return self._list(
+            request, self.ledger().charges, "/v1/charges", "charge", ("customer", "payment_intent")
+        )
 
     async def get_charge(self, request: web.Request, call: Call) -> web.StreamResponse:
         return self._get(request, self.ledger().charges, "charge")
 
     async def list_refunds(self, request: web.Request, call: Call) -> web.StreamResponse:
-        return self._list(request, self.ledger().refunds, "/v1/refunds", "refund",
-                          ("charge", "payment_intent"))
+        return self._list(
+            request, self.ledger().refunds, "/v1/refunds", "refund", ("charge", "payment_intent")
+        )
 
     async def get_refund(self, request: web.Request, call: Call) -> web.StreamResponse:
         return self._get(request, self.ledger().refunds, "refund")
@@ -110,8 +116,7 @@ class StripeReads:
 
     # ---- the shapes every read shares
 
-    def _get(self, request: web.Request, collection: Collection, kind: str
-             ) -> web.StreamResponse:
+    def _get(self, request: web.Request, collection: Collection, kind: str) -> web.StreamResponse:
         params = query_params(request)
         check_known(params, frozenset({"expand"}))
         obj = collection.get(request.match_info["id"])
@@ -120,37 +125,43 @@ class StripeReads:
         return self._one(obj, params)
 
     def _one(self, obj: StripeObject, params: Params) -> web.StreamResponse:
-        return json_response(200, expand(self.ledger(), obj, check_expansions(params,
-                                                                              obj["object"])))
+        return json_response(
+            200, expand(self.ledger(), obj, check_expansions(params, obj["object"]))
+        )
 
-    def _list(self, request: web.Request, collection: Collection, url: str, kind: str,
-              filters: tuple[str, ...]) -> web.StreamResponse:
+    def _list(
+        self,
+        request: web.Request,
+        collection: Collection,
+        url: str,
+        kind: str,
+        filters: tuple[str, ...],
+    ) -> web.StreamResponse:
         """A list endpoint: newest first, `created` ranges, equality `filters`, cursors."""
         params = query_params(request)
         check_known(params, PAGING | {"created", *filters})
-        where = {name: value for name in filters
-                 if (value := string(params, name)) is not None}
+        where = {name: value for name in filters if (value := string(params, name)) is not None}
         cursors = {}
         for name in ("starting_after", "ending_before"):
             cursor = string(params, name)
             if cursor is not None and collection.get(cursor) is None:
                 raise missing(kind, cursor, name, 400)
             cursors[name] = cursor
-        data, has_more = collection.page(limit=limit(params), where=where,
-                                         created=created_range(params), **cursors)
+        data, has_more = collection.page(
+            limit=limit(params), where=where, created=created_range(params), **cursors
+        )
         paths = expansions(params)
         nested = [path.removeprefix("data.") for path in paths if path.startswith("data.")]
         if len(nested) != len(paths):
             raise invalid("Only data.* can be expanded on a list.", param="expand")
-        return json_response(200, list_object(url, self._expand_all(data, nested, kind),
-                                              has_more))
+        return json_response(200, list_object(url, self._expand_all(data, nested, kind), has_more))
 
-    def _expand_all(self, data: list[StripeObject], paths: list[str], kind: str
-                    ) -> list[StripeObject]:
+    def _expand_all(
+        self, data: list[StripeObject], paths: list[str], kind: str
+    ) -> list[StripeObject]:
         for path in paths:
             if path not in EXPANDABLE.get(kind, {}):
-                raise invalid(f"This property cannot be expanded (data.{path}).",
-                              param="expand")
+                raise invalid(f"This property cannot be expanded (data.{path}).", param="expand")
         return [expand(self.ledger(), obj, paths) for obj in data]
 
 
@@ -175,8 +186,9 @@ def expand(ledger: StripeLedger, obj: StripeObject, paths: list[str]) -> StripeO
     return expanded
 
 
-def find_intent(ledger: StripeLedger, intent_id: str, *, param: str = "intent",
-                status: int = 404) -> StripeObject:
+def find_intent(
+    ledger: StripeLedger, intent_id: str, *, param: str = "intent", status: int = 404
+) -> StripeObject:
     intent = ledger.intents.get(intent_id)
     if intent is None:
         raise missing("payment_intent", intent_id, param, status)

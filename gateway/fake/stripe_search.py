@@ -27,7 +27,11 @@ _CLAUSE = re.compile(
     re.VERBOSE,
 )
 COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
-    ":": operator.eq, ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+    ":": operator.eq,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
 }
 
 
@@ -76,8 +80,9 @@ def _clause(text: str) -> Clause:
     key, field, op = match["key"], match["field"], match["op"]
     name = f"metadata.{key}" if key is not None else field
     if key is None and field not in STRING_FIELDS | NUMBER_FIELDS:
-        raise invalid(f"Field '{field}' is not supported for payment intents search.",
-                      param="query")
+        raise invalid(
+            f"Field '{field}' is not supported for payment intents search.", param="query"
+        )
     if field in NUMBER_FIELDS:
         if match["number"] is None:
             raise invalid(f"Field '{field}' takes a number.", param="query")

@@ -52,14 +52,14 @@ class StripeSettings:
 
 
 FIELDS = frozenset(field.name for field in dataclasses.fields(StripeSettings))
-MILLISECOND_FIELDS = ("search_lag_ms", "settle_delay_ms", "webhook_retry_ms",
-                      "webhook_reorder_ms")
+MILLISECOND_FIELDS = ("search_lag_ms", "settle_delay_ms", "webhook_retry_ms", "webhook_reorder_ms")
 RATE_FIELDS = ("webhook_duplicate_rate", "webhook_loss_rate")
 LIST_FIELDS = ("webhook_urls", "webhook_secrets", "enabled_events")
 
 
-def updated_settings(current: StripeSettings, initial: StripeSettings,
-                     payload: dict[str, Any]) -> StripeSettings:
+def updated_settings(
+    current: StripeSettings, initial: StripeSettings, payload: dict[str, Any]
+) -> StripeSettings:
     """The settings after a `POST /_stripe` body, or `InvalidFaults` and no change."""
     unknown = set(payload) - FIELDS - {"reset"}
     if unknown:
@@ -82,8 +82,11 @@ def updated_settings(current: StripeSettings, initial: StripeSettings,
     for name in RATE_FIELDS:
         if name in payload:
             value = payload[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not 0 <= value <= 1:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 <= value <= 1
+            ):
                 raise InvalidFaults(f"{name} must be a probability between 0 and 1")
             changes[name] = float(value)
     for name in LIST_FIELDS:
@@ -100,8 +103,9 @@ def updated_settings(current: StripeSettings, initial: StripeSettings,
     if "decline_advice_code" in payload:
         value = payload["decline_advice_code"]
         if value is not None and value not in ADVICE_CODES:
-            raise InvalidFaults(f"decline_advice_code must be null or one of: "
-                                f"{', '.join(ADVICE_CODES)}")
+            raise InvalidFaults(
+                f"decline_advice_code must be null or one of: {', '.join(ADVICE_CODES)}"
+            )
         changes["decline_advice_code"] = value
     settings = dataclasses.replace(initial if reset else current, **changes)
     if not settings.webhook_secrets:
@@ -113,5 +117,7 @@ def updated_settings(current: StripeSettings, initial: StripeSettings,
 
 def as_json(settings: StripeSettings) -> dict[str, Any]:
     """The settings as `GET /_stripe` shows them (lists, not tuples)."""
-    return {name: list(value) if isinstance(value, tuple) else value
-            for name, value in dataclasses.asdict(settings).items()}
+    return {
+        name: list(value) if isinstance(value, tuple) else value
+        for name, value in dataclasses.asdict(settings).items()
+    }

@@ -36,8 +36,9 @@ DELIVERY_TIMEOUT_SECONDS = 10.0
 def signature_header(payload: bytes, secrets: tuple[str, ...], timestamp: int) -> str:
     """`Stripe-Signature` for `payload` at `timestamp`, one `v1` per secret."""
     signed = f"{timestamp}.".encode() + payload
-    signatures = [hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
-                  for secret in secrets]
+    signatures = [
+        hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest() for secret in secrets
+    ]
     return ",".join([f"t={timestamp}", *(f"v1={signature}" for signature in signatures)])
 
 
@@ -60,8 +61,7 @@ class Delivery:
 class Webhooks:
     """Publishes events to the endpoints of the current settings."""
 
-    def __init__(self, processor: FakeProcessor,
-                 settings: Callable[[], StripeSettings]) -> None:
+    def __init__(self, processor: FakeProcessor, settings: Callable[[], StripeSettings]) -> None:
         self.processor = processor
         self.settings = settings
         self.deliveries: list[Delivery] = []
@@ -88,8 +88,9 @@ class Webhooks:
                     delay_ms = dice.webhook_delay_ms(settings.webhook_reorder_ms)
                     self._spawn(self._deliver(delivery, payload, settings, delay_ms))
 
-    async def _deliver(self, delivery: Delivery, payload: bytes, settings: StripeSettings,
-                       delay_ms: float) -> None:
+    async def _deliver(
+        self, delivery: Delivery, payload: bytes, settings: StripeSettings, delay_ms: float
+    ) -> None:
         if delay_ms:
             await asyncio.sleep(delay_ms / 1000)
         stats = self.processor.stats
@@ -104,8 +105,7 @@ class Webhooks:
             stats["delivery_failures"] += 1
         delivery.status = "failed"
 
-    async def _post(self, delivery: Delivery, payload: bytes,
-                    secrets: tuple[str, ...]) -> bool:
+    async def _post(self, delivery: Delivery, payload: bytes, secrets: tuple[str, ...]) -> bool:
         """One attempt; True if the endpoint answered 2xx."""
         headers = {
             "Content-Type": "application/json; charset=utf-8",

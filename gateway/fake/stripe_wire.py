@@ -48,9 +48,16 @@ class StripeError(Exception):
     """
 
     def __init__(
-        self, status: int, message: str, *, type: str = "invalid_request_error",
-        code: str | None = None, param: str | None = None, stored: bool = False,
-        headers: dict[str, str] | None = None, **fields: Any,
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        stored: bool = False,
+        headers: dict[str, str] | None = None,
+        **fields: Any,
     ) -> None:
         super().__init__(message)
         error: dict[str, Any] = {"type": type, "message": message}
@@ -73,8 +80,9 @@ def invalid(message: str, *, code: str | None = None, param: str | None = None) 
 
 def missing(kind: str, object_id: str, param: str, status: int = 404) -> StripeError:
     """Stripe's `resource_missing` for an id it does not know."""
-    return StripeError(status, f"No such {kind}: '{object_id}'", code="resource_missing",
-                       param=param)
+    return StripeError(
+        status, f"No such {kind}: '{object_id}'", code="resource_missing", param=param
+    )
 
 
 # ---- requests
@@ -130,16 +138,16 @@ def _sorted(node: Any) -> Any:
 def check_known(params: Params, known: frozenset[str]) -> None:
     for name in params:
         if name not in known:
-            raise invalid(f"Received unknown parameter: {name}", code="parameter_unknown",
-                          param=name)
+            raise invalid(
+                f"Received unknown parameter: {name}", code="parameter_unknown", param=name
+            )
 
 
 def string(params: Params, name: str, *, required: bool = False) -> str | None:
     value = params.get(name)
     if value is None or value == "":
         if required:
-            raise invalid(f"Missing required param: {name}.", code="parameter_missing",
-                          param=name)
+            raise invalid(f"Missing required param: {name}.", code="parameter_missing", param=name)
         return None
     if not isinstance(value, str):
         raise invalid(f"Invalid string: {name}", code="parameter_invalid_string", param=name)
@@ -172,8 +180,11 @@ def metadata(params: Params) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise invalid("Invalid hash", code="parameter_invalid_empty", param="metadata")
     if len(value) > 50 or any(len(k) > 40 or len(v) > 500 for k, v in value.items()):
-        raise invalid("Metadata can have up to 50 keys of at most 40 characters and values "
-                      "of at most 500.", code="parameter_invalid_string", param="metadata")
+        raise invalid(
+            "Metadata can have up to 50 keys of at most 40 characters and values of at most 500.",
+            code="parameter_invalid_string",
+            param="metadata",
+        )
     return {key: text for key, text in value.items() if text != ""}
 
 
@@ -211,8 +222,11 @@ def limit(params: Params) -> int:
     if value is None:
         return DEFAULT_LIMIT
     if not 1 <= value <= MAX_LIMIT:
-        raise invalid(f"This value must be between 1 and {MAX_LIMIT}.",
-                      code="parameter_invalid_integer", param="limit")
+        raise invalid(
+            f"This value must be between 1 and {MAX_LIMIT}.",
+            code="parameter_invalid_integer",
+            param="limit",
+        )
     return value
 
 
@@ -258,7 +272,13 @@ def list_object(url: str, data: list[Any], has_more: bool) -> dict[str, Any]:
     return {"object": "list", "data": data, "has_more": has_more, "url": url}
 
 
-def search_result(url: str, data: list[Any], has_more: bool, next_page: str | None
-                  ) -> dict[str, Any]:
-    return {"object": "search_result", "data": data, "has_more": has_more,
-            "next_page": next_page, "url": url}
+def search_result(
+    url: str, data: list[Any], has_more: bool, next_page: str | None
+) -> dict[str, Any]:
+    return {
+        "object": "search_result",
+        "data": data,
+        "has_more": has_more,
+        "next_page": next_page,
+        "url": url,
+    }

@@ -66,6 +66,8 @@ def settlement_of(charge: Charge) -> Settlement:
     if charge.status == FAILED:
         return Settlement.FAILED
     return Settlement.WAITING
+
+
 #: Drawn from when a caller passes no rng (one generator, not one per call).
 _RNG = random.Random()
 
@@ -94,8 +96,15 @@ def backoff(failures: int, config: Config, rng: random.Random | None = None) -> 
     return base * rng.uniform(1 - config.retry_jitter, 1 + config.retry_jitter)
 
 
-def decide(result: CallResult, *, failures: int, in_doubt: bool, config: Config,
-           key_in_use: int = 0, rng: random.Random | None = None) -> Decision:
+def decide(
+    result: CallResult,
+    *,
+    failures: int,
+    in_doubt: bool,
+    config: Config,
+    key_in_use: int = 0,
+    rng: random.Random | None = None,
+) -> Decision:
     """Where one call's result sends the payment (``failures``, ``in_doubt``
     and ``key_in_use`` as they were before the call)."""
     rng = rng or _RNG
@@ -106,24 +115,34 @@ def decide(result: CallResult, *, failures: int, in_doubt: bool, config: Config,
         streak = key_in_use + 1
         # (the exponent is capped: a long streak must not overflow a float)
         delay = min(KEY_IN_USE_DELAY * 2 ** min(streak - 1, 16), KEY_IN_USE_MAX_DELAY)
-        return Decision(Status.PENDING, delay=delay * rng.uniform(1, 1.5), failures=failures,
-                        in_doubt=True, key_in_use=streak,
-                        needs_lookup=streak >= KEY_IN_USE_LOOKUP_AFTER)
+        return Decision(
+            Status.PENDING,
+            delay=delay * rng.uniform(1, 1.5),
+            failures=failures,
+            in_doubt=True,
+            key_in_use=streak,
+            needs_lookup=streak >= KEY_IN_USE_LOOKUP_AFTER,
+        )
     if outcome is Outcome.NOT_SENT:
         # Nothing left us: no budget, doubt and the 409 streak unchanged, claim again at once.
-        return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt,
-                        key_in_use=key_in_use)
+        return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt, key_in_use=key_in_use)
     if outcome is Outcome.RATE_LIMITED:
         # Definitive non-charge: no budget used, doubt unchanged.
         delay = result.retry_after or DEFAULT_RATE_LIMIT_DELAY
-        return Decision(Status.PENDING, delay=delay * rng.uniform(1, 1.5),
-                        failures=failures, in_doubt=in_doubt, key_in_use=key_in_use)
+        return Decision(
+            Status.PENDING,
+            delay=delay * rng.uniform(1, 1.5),
+            failures=failures,
+            in_doubt=in_doubt,
+            key_in_use=key_in_use,
+        )
     if outcome is Outcome.AUTH_FAILED:
         # Our credentials, not the payment: no budget, nothing parked; wait as
         # long as the breaker stays open (the operator fixes the key).
         delay = config.circuit_open_seconds * rng.uniform(1, 1.5)
-        return Decision(Status.PENDING, delay=delay, failures=failures, in_doubt=in_doubt,
-                        key_in_use=key_in_use)
+        return Decision(
+            Status.PENDING, delay=delay, failures=failures, in_doubt=in_doubt, key_in_use=key_in_use
+        )
     if outcome is Outcome.SUCCEEDED:
         return Decision(Status.COMPLETED, failures=failures)
     if outcome is Outcome.SUBMITTED:
@@ -136,32 +155,55 @@ def decide(result: CallResult, *, failures: int, in_doubt: bool, config: Config,
             # The processor advises trying again later: within the budget, the
             # same processor-side payment confirmed again under the next key
             # (the processor replays the decline for this one).
-            return Decision(Status.PENDING, delay=backoff(failures + 1, config, rng),
-                            failures=failures + 1, next_key=True, confirm=result.gateway_ref)
-        return Decision(Status.FAILED, failures=failures,
-                        failure_reason=result.failure_reason or FailureReason.DECLINED)
+            return Decision(
+                Status.PENDING,
+                delay=backoff(failures + 1, config, rng),
+                failures=failures + 1,
+                next_key=True,
+                confirm=result.gateway_ref,
+            )
+        return Decision(
+            Status.FAILED,
+            failures=failures,
+            failure_reason=result.failure_reason or FailureReason.DECLINED,
+        )
     if outcome is Outcome.REJECTED:
         # Refused before executing: no charge under this request. Our
         # parameters changed under a live key (GATEWAY_REJECTED) may have
         # charged under the first ones, and every path from doubt to FAILED
         # goes through a lookup.
         reason = result.failure_reason or FailureReason.INVALID_REQUEST
-        return Decision(Status.FAILED, failures=failures, in_doubt=in_doubt,
-                        failure_reason=reason,
-                        needs_lookup=in_doubt or reason is FailureReason.GATEWAY_REJECTED)
+        return Decision(
+            Status.FAILED,
+            failures=failures,
+            in_doubt=in_doubt,
+            failure_reason=reason,
+            needs_lookup=in_doubt or reason is FailureReason.GATEWAY_REJECTED,
+        )
     failures += 1
     in_doubt = in_doubt or result.in_doubt
     if failures >= config.max_gateway_calls:
-        return Decision(Status.FAILED, failures=failures, in_doubt=in_doubt,
-                        failure_reason=FailureReason.RETRIES_EXHAUSTED, needs_lookup=in_doubt)
+        return Decision(
+            Status.FAILED,
+            failures=failures,
+            in_doubt=in_doubt,
+            failure_reason=FailureReason.RETRIES_EXHAUSTED,
+            needs_lookup=in_doubt,
+        )
     # A stored 5xx replayed for the key (Stripe) says nothing new: resending
     # gets it again, so it is resolved by lookup.
-    return Decision(Status.PENDING, delay=backoff(failures, config, rng), failures=failures,
-                    in_doubt=in_doubt, needs_lookup=result.look_up)
+    return Decision(
+        Status.PENDING,
+        delay=backoff(failures, config, rng),
+        failures=failures,
+        in_doubt=in_doubt,
+        needs_lookup=result.look_up,
+    )
 
 
-def after_lease_expiry(*, lease_expiries: int, failures: int, in_doubt: bool,
-                       call_in_flight: bool, config: Config) -> Decision:
+def after_lease_expiry(
+    *, lease_expiries: int, failures: int, in_doubt: bool, call_in_flight: bool, config: Config
+) -> Decision:
     """A PROCESSING payment whose lease ran out (its worker died or hung).
 
     Back to PENDING at once (``run_at`` is kept: it is overdue), in doubt if
@@ -172,8 +214,12 @@ def after_lease_expiry(*, lease_expiries: int, failures: int, in_doubt: bool,
     """
     in_doubt = in_doubt or call_in_flight
     if lease_expiries + 1 >= config.max_lease_expiries:
-        return Decision(Status.FAILED, failures=failures, in_doubt=in_doubt,
-                        failure_reason=FailureReason.LEASE_EXPIRED_REPEATEDLY)
+        return Decision(
+            Status.FAILED,
+            failures=failures,
+            in_doubt=in_doubt,
+            failure_reason=FailureReason.LEASE_EXPIRED_REPEATEDLY,
+        )
     return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt)
 
 
@@ -205,12 +251,22 @@ class Lookup:
 
 
 def _matches(charge: Charge, *, amount: int, currency: str, customer: str | None) -> bool:
-    return (charge.amount == amount and charge.currency.upper() == currency.upper()
-            and (customer is None or charge.customer is None or charge.customer == customer))
+    return (
+        charge.amount == amount
+        and charge.currency.upper() == currency.upper()
+        and (customer is None or charge.customer is None or charge.customer == customer)
+    )
 
 
-def judge_lookup(found: Sequence[Charge], *, payment_id: str, amount: int, currency: str,
-                 customer: str | None = None, conclusive: bool) -> Lookup:
+def judge_lookup(
+    found: Sequence[Charge],
+    *,
+    payment_id: str,
+    amount: int,
+    currency: str,
+    customer: str | None = None,
+    conclusive: bool,
+) -> Lookup:
     """The answer of everything the processor holds for ``payment_id`` (every
     key generation): charged (amount, currency and customer match) beats
     mismatched beats processing beats none. A charge for another reference,
@@ -244,14 +300,19 @@ def after_lookup(decision: Decision, lookup: Lookup) -> Decision:
     if lookup.answer is Answer.CHARGED:
         return Decision(Status.COMPLETED, failures=decision.failures)
     if lookup.answer is Answer.MISMATCHED:
-        return Decision(Status.FAILED, failures=decision.failures, in_doubt=decision.in_doubt,
-                        failure_reason=FailureReason.LOOKUP_MISMATCH)
+        return Decision(
+            Status.FAILED,
+            failures=decision.failures,
+            in_doubt=decision.in_doubt,
+            failure_reason=FailureReason.LOOKUP_MISMATCH,
+        )
     if lookup.answer is Answer.PROCESSING:
         return Decision(Status.AWAITING_GATEWAY, failures=decision.failures)
     if not lookup.conclusive:
         return replace(decision, needs_lookup=False)
     if decision.status is Status.PENDING:
         # Nothing can land any more: asked again at once, under a new key.
-        return replace(decision, needs_lookup=False, in_doubt=False, key_in_use=0,
-                       next_key=True, delay=0.0)
+        return replace(
+            decision, needs_lookup=False, in_doubt=False, key_in_use=0, next_key=True, delay=0.0
+        )
     return replace(decision, needs_lookup=False, in_doubt=False, key_in_use=0)

@@ -58,8 +58,11 @@ class CallResult:
         answer), or the one a 409 says is running under the key right now
         (it lands within the same bound of this call's start). It moves the
         payment's in-flight bound."""
-        return (self.in_doubt and not self.replayed and self.outcome in (
-            Outcome.RETRYABLE_ERROR, Outcome.AMBIGUOUS, Outcome.KEY_IN_USE))
+        return (
+            self.in_doubt
+            and not self.replayed
+            and self.outcome in (Outcome.RETRYABLE_ERROR, Outcome.AMBIGUOUS, Outcome.KEY_IN_USE)
+        )
 
     @property
     def breaker_failure(self) -> bool:
@@ -97,10 +100,15 @@ class Charge:
 
     def as_detail(self) -> dict:
         """The charge as evidence in a reconciliation item's ``detail``."""
-        return {"chargeId": self.id, "idempotencyKey": self.idempotency_key,
-                "reference": self.reference, "amount": self.amount, "currency": self.currency,
-                "status": self.status,
-                "createdAt": self.created_at.isoformat() if self.created_at else None}
+        return {
+            "chargeId": self.id,
+            "idempotencyKey": self.idempotency_key,
+            "reference": self.reference,
+            "amount": self.amount,
+            "currency": self.currency,
+            "status": self.status,
+            "createdAt": self.created_at.isoformat() if self.created_at else None,
+        }
 
 
 @dataclass(frozen=True)

@@ -51,81 +51,124 @@ def _open_letter(conn: Connection, payment_id: uuid.UUID) -> dict:
     letters = show(conn, payment_id)["dead_letters"]
     if letters[0]["resolution"] is not None:
         raise DeadLetterActionRefused(
-            f"the dead letter is already resolved ({letters[0]['resolution']})")
+            f"the dead letter is already resolved ({letters[0]['resolution']})"
+        )
     return letters[0]
 
 
-def redrive(conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *,
-            actor: str, poll_seconds: float = Config.gateway_poll_seconds) -> ActionResult:
+def redrive(
+    conn: Connection,
+    gateway: Gateway,
+    payment_id: uuid.UUID,
+    *,
+    actor: str,
+    poll_seconds: float = Config.gateway_poll_seconds,
+) -> ActionResult:
     letter = _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
     lookup = lookups.look_up(gateway, payment)
     if lookup.answer is Answer.CHARGED:
-        if transitions.complete_from_gateway(conn, payment_id, outcome=Outcome.FOUND_BY_LOOKUP,
-                                             gateway_ref=lookup.charge.id, actor=actor):
-            return ActionResult(payment_id, "completed",
-                                f"the processor already holds charge {lookup.charge.id}")
+        if transitions.complete_from_gateway(
+            conn,
+            payment_id,
+            outcome=Outcome.FOUND_BY_LOOKUP,
+            gateway_ref=lookup.charge.id,
+            actor=actor,
+        ):
+            return ActionResult(
+                payment_id, "completed", f"the processor already holds charge {lookup.charge.id}"
+            )
         raise DeadLetterActionRefused("the payment changed state; look again")
     if lookup.answer is Answer.MISMATCHED:
         raise DeadLetterActionRefused(
             f"the processor holds {lookup.charge.id} for this payment with another amount, "
-            "currency or customer: look at it there; never re-driven under a new key")
+            "currency or customer: look at it there; never re-driven under a new key"
+        )
     if lookup.answer is Answer.PROCESSING:
-        if transitions.await_from_lookup(conn, payment_id, intent=lookup.charge.id,
-                                         actor=actor, poll_seconds=poll_seconds):
-            return ActionResult(payment_id, "awaiting_gateway",
-                                f"the processor is processing {lookup.charge.id}: it waits "
-                                "for its outcome")
+        if transitions.await_from_lookup(
+            conn, payment_id, intent=lookup.charge.id, actor=actor, poll_seconds=poll_seconds
+        ):
+            return ActionResult(
+                payment_id,
+                "awaiting_gateway",
+                f"the processor is processing {lookup.charge.id}: it waits for its outcome",
+            )
         raise DeadLetterActionRefused("the payment changed state; look again")
     if not lookup.conclusive:
         at = lookups.conclusive_at(payment)
         raise DeadLetterActionRefused(
             f"a call of this payment may still land at the processor until "
-            f"{at.isoformat()}: re-drive after that")
-    if letter["reason"] not in REDRIVABLE or not transitions.redrive(conn, payment_id,
-                                                                     actor=actor):
-        raise DeadLetterActionRefused("only RETRIES_EXHAUSTED and LEASE_EXPIRED_REPEATEDLY "
-                                      "payments can be re-driven")
-    return ActionResult(payment_id, "redriven",
-                        "back to PENDING with a fresh budget and a new idempotency key")
+            f"{at.isoformat()}: re-drive after that"
+        )
+    if letter["reason"] not in REDRIVABLE or not transitions.redrive(conn, payment_id, actor=actor):
+        raise DeadLetterActionRefused(
+            "only RETRIES_EXHAUSTED and LEASE_EXPIRED_REPEATEDLY payments can be re-driven"
+        )
+    return ActionResult(
+        payment_id, "redriven", "back to PENDING with a fresh budget and a new idempotency key"
+    )
 
 
 #: What a re-drive may send back: a decline or a mismatch needs a human elsewhere.
 REDRIVABLE = frozenset({"RETRIES_EXHAUSTED", "LEASE_EXPIRED_REPEATEDLY"})
 
 
-def refund(conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *,
-           actor: str) -> ActionResult:
+def refund(
+    conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *, actor: str
+) -> ActionResult:
     """Refund the payment's charge (if the processor holds one) and close its letter."""
     _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
     if payment["status"] == Status.AWAITING_GATEWAY:
-        raise DeadLetterActionRefused("the payment waits for the processor's outcome: "
-                                      "nothing to refund yet")
+        raise DeadLetterActionRefused(
+            "the payment waits for the processor's outcome: nothing to refund yet"
+        )
     lookup = lookups.look_up(gateway, payment)
     if lookup.answer is not Answer.CHARGED:
-        raise DeadLetterActionRefused("the processor holds no charge for this payment "
-                                      f"({lookup.answer.value}): dismiss it instead")
+        raise DeadLetterActionRefused(
+            "the processor holds no charge for this payment "
+            f"({lookup.answer.value}): dismiss it instead"
+        )
     charge = lookup.charge
     answer = gateway.refund(charge)
     due_from, due_to = due_range(payment_id)
     with conn.transaction():
-        conn.execute(q("record_refund"), {
-            "id": payment_id, "due_from": due_from, "due_to": due_to,
-            "gateway_key": answer.idempotency_key, "charge_id": charge.id,
-            "gateway_refund_id": answer.id, "amount_minor": answer.amount, "actor": actor,
-        })
-        conn.execute(q("resolve_dead_letter"), {
-            "id": payment_id, "resolution": Resolution.REFUNDED, "actor": actor,
-            "note": f"refund {answer.id} of charge {charge.id}",
-        })
+        conn.execute(
+            q("record_refund"),
+            {
+                "id": payment_id,
+                "due_from": due_from,
+                "due_to": due_to,
+                "gateway_key": answer.idempotency_key,
+                "charge_id": charge.id,
+                "gateway_refund_id": answer.id,
+                "amount_minor": answer.amount,
+                "actor": actor,
+            },
+        )
+        conn.execute(
+            q("resolve_dead_letter"),
+            {
+                "id": payment_id,
+                "resolution": Resolution.REFUNDED,
+                "actor": actor,
+                "note": f"refund {answer.id} of charge {charge.id}",
+            },
+        )
     return ActionResult(payment_id, "refunded", f"refund {answer.id} of charge {charge.id}")
 
 
-def dismiss(conn: Connection, payment_id: uuid.UUID, *, actor: str,
-            note: str | None = None) -> ActionResult:
+def dismiss(
+    conn: Connection, payment_id: uuid.UUID, *, actor: str, note: str | None = None
+) -> ActionResult:
     _open_letter(conn, payment_id)
-    conn.execute(q("resolve_dead_letter"), {
-        "id": payment_id, "resolution": Resolution.DISMISSED, "actor": actor, "note": note,
-    })
+    conn.execute(
+        q("resolve_dead_letter"),
+        {
+            "id": payment_id,
+            "resolution": Resolution.DISMISSED,
+            "actor": actor,
+            "note": note,
+        },
+    )
     return ActionResult(payment_id, "dismissed", note or "")

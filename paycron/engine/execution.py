@@ -54,8 +54,9 @@ class GroupCounts:
 
 
 #: Parked with a dead letter for a human (the metric counts each).
-PARKED_REASONS = frozenset({FailureReason.RETRIES_EXHAUSTED, FailureReason.LOOKUP_MISMATCH,
-                            FailureReason.GATEWAY_REJECTED})
+PARKED_REASONS = frozenset(
+    {FailureReason.RETRIES_EXHAUSTED, FailureReason.LOOKUP_MISMATCH, FailureReason.GATEWAY_REJECTED}
+)
 
 #: A call is sent only while its lease has at least this long left (seconds);
 #: its timeout is cut to the time left, so no call outlives its lease.
@@ -97,11 +98,18 @@ def _ask(gateway: Gateway, row: dict, *, in_doubt: bool) -> policy.Lookup:
         log.warning("lookup failed for %s: %s", row["id"], type(exc).__name__)
         return policy.Lookup(Answer.NONE, conclusive=False)
     if lookup.answer is Answer.MISMATCHED:
-        log.error("lookup for payment %s found processor payment %s with another amount, "
-                  "currency or customer: parked LOOKUP_MISMATCH", row["id"], lookup.charge.id)
+        log.error(
+            "lookup for payment %s found processor payment %s with another amount, "
+            "currency or customer: parked LOOKUP_MISMATCH",
+            row["id"],
+            lookup.charge.id,
+        )
     if lookup.extra:
-        log.error("lookup for payment %s found %d charged processor payments: a double "
-                  "charge to refund", row["id"], 1 + len(lookup.extra))
+        log.error(
+            "lookup for payment %s found %d charged processor payments: a double charge to refund",
+            row["id"],
+            1 + len(lookup.extra),
+        )
     return lookup
 
 
@@ -113,11 +121,19 @@ class Executor:
     ``on_latency`` hears every call's duration (the in-flight sizing).
     """
 
-    def __init__(self, *, config: Config, pool: ConnectionPool, gateway: Gateway,
-                 breaker: CircuitBreaker, call_limiter: CallLimiter | None,
-                 worker: str | None = None, calls: ThreadPool | None = None,
-                 on_latency: Callable[[float], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        config: Config,
+        pool: ConnectionPool,
+        gateway: Gateway,
+        breaker: CircuitBreaker,
+        call_limiter: CallLimiter | None,
+        worker: str | None = None,
+        calls: ThreadPool | None = None,
+        on_latency: Callable[[float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.config = config
         self.pool = pool
         self.gateway = gateway
@@ -140,8 +156,11 @@ class Executor:
         while remaining:
             # Tokens first, then the lease: a claim waiting for the window
             # never eats into the lease its call needs.
-            granted = (self.call_limiter.acquire_some(len(remaining))
-                       if self.call_limiter is not None else len(remaining))
+            granted = (
+                self.call_limiter.acquire_some(len(remaining))
+                if self.call_limiter is not None
+                else len(remaining)
+            )
             batch, remaining = remaining[:granted], remaining[granted:]
             done += self._execute_batch(batch, counts)
         failures = sum(1 for d in done if d.result.breaker_failure)
@@ -153,8 +172,13 @@ class Executor:
     def _execute_batch(self, batch: Sequence[Claim], counts: GroupCounts) -> list[Finished]:
         # Read before the lease is renewed, so the lease ends no earlier.
         lease_end = self.clock() + self.config.lease_seconds
-        rows = start(self.pool, batch, lease_seconds=self.config.lease_seconds,
-                     processor=self.gateway.name, worker=self.worker)
+        rows = start(
+            self.pool,
+            batch,
+            lease_seconds=self.config.lease_seconds,
+            processor=self.gateway.name,
+            worker=self.worker,
+        )
         counts.stale += len(batch) - len(rows)
         done = self._call_all(rows, lease_end)
         counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
@@ -162,8 +186,12 @@ class Executor:
             if item.decision.needs_lookup:
                 done[i] = look_up(self.gateway, item)
                 counts.looked_up += 1
-        recorded = finish(self.pool, done, land_seconds=self.config.in_flight_bound_seconds,
-                          poll_seconds=self.config.gateway_poll_seconds)
+        recorded = finish(
+            self.pool,
+            done,
+            land_seconds=self.config.in_flight_bound_seconds,
+            poll_seconds=self.config.gateway_poll_seconds,
+        )
         counts.moved += sum(1 for r in recorded if r["moved"])
         parked = {r["id"] for r in recorded if r["moved"] and r["status"] == Status.FAILED}
         for item in done:
@@ -173,14 +201,22 @@ class Executor:
             if item.row["id"] in parked and reason is FailureReason.GATEWAY_REJECTED:
                 # Our parameters changed under a live key: a bug or an API
                 # version change while in doubt; a human must look.
-                log.error("the processor refused payment %s's parameters under its key "
-                          "(%s): parked GATEWAY_REJECTED", item.row["id"],
-                          item.result.error_code)
+                log.error(
+                    "the processor refused payment %s's parameters under its key "
+                    "(%s): parked GATEWAY_REJECTED",
+                    item.row["id"],
+                    item.result.error_code,
+                )
             name = item.result.outcome.value
             counts.outcomes[name] = counts.outcomes.get(name, 0) + 1
-            log.info("attempt payment=%s attempt=%d outcome=%s error=%s status=%s",
-                     item.row["id"], item.row["attempt"], name, item.result.error_code,
-                     item.decision.status.value)
+            log.info(
+                "attempt payment=%s attempt=%d outcome=%s error=%s status=%s",
+                item.row["id"],
+                item.row["attempt"],
+                name,
+                item.result.error_code,
+                item.decision.status.value,
+            )
         return done
 
     def _call_all(self, rows: list[dict], lease_end: float) -> list[Finished]:
@@ -199,8 +235,13 @@ class Executor:
         except Exception:  # a bug must not lose the group: in doubt, asked again
             log.exception("gateway call failed unexpectedly for %s", row["id"])
             result = CallResult(Outcome.AMBIGUOUS, error_code="client_error", in_doubt=True)
-        decision = policy.decide(result, failures=row["failures"], in_doubt=row["in_doubt"],
-                                 key_in_use=row["key_in_use"], config=self.config)
+        decision = policy.decide(
+            result,
+            failures=row["failures"],
+            in_doubt=row["in_doubt"],
+            key_in_use=row["key_in_use"],
+            config=self.config,
+        )
         return Finished(row, result, decision)
 
     def _key_may_be_forgotten(self, row: dict) -> bool:
@@ -217,16 +258,19 @@ class Executor:
         """Decide an old doubt by lookup: charged completes; a conclusive none
         clears the doubt and moves the key to its next generation, to be
         called at once; an inconclusive one waits for the in-flight bound."""
-        base = Decision(Status.PENDING, failures=row["failures"], in_doubt=True,
-                        key_in_use=row["key_in_use"])
+        base = Decision(
+            Status.PENDING, failures=row["failures"], in_doubt=True, key_in_use=row["key_in_use"]
+        )
         lookup = _ask(self.gateway, row, in_doubt=True)
         decision = policy.after_lookup(base, lookup)
         if lookup.answer is Answer.NONE and not lookup.conclusive:
             wait = (row["calls_land_by"] - datetime.now(UTC)).total_seconds()
             decision = replace(decision, delay=max(wait, policy.LOOKUP_RECHECK_DELAY))
-        return Finished(row, _found(lookup) or CallResult(Outcome.NOT_SENT,
-                                                          error_code="key_retention_lookup"),
-                        decision)
+        return Finished(
+            row,
+            _found(lookup) or CallResult(Outcome.NOT_SENT, error_code="key_retention_lookup"),
+            decision,
+        )
 
     def _send(self, row: dict, lease_end: float) -> CallResult:
         left = lease_end - self.clock()
@@ -237,17 +281,22 @@ class Executor:
             metrics.TRIGGER_LATENESS.observe(max(0.0, lateness))
         started = time.monotonic()
         result = self.gateway.charge(
-            ChargeRequest(reference=str(row["id"]),
-                          idempotency_key=gateway_key(row["id"], row["key_generation"]),
-                          amount=row["amount_minor"], currency=row["currency"].strip(),
-                          customer=row["customer"], payment_method=row["payment_method"],
-                          confirm=row["gateway_intent_id"]),
+            ChargeRequest(
+                reference=str(row["id"]),
+                idempotency_key=gateway_key(row["id"], row["key_generation"]),
+                amount=row["amount_minor"],
+                currency=row["currency"].strip(),
+                customer=row["customer"],
+                payment_method=row["payment_method"],
+                confirm=row["gateway_intent_id"],
+            ),
             timeout=min(self.config.gateway_timeout_seconds, left),
         )
         if result.outcome is Outcome.AUTH_FAILED:
             # Our configuration is broken, not the payment: an operator is paged.
-            log.error("the processor refused our credentials (%s): check the API key",
-                      result.error_code)
+            log.error(
+                "the processor refused our credentials (%s): check the API key", result.error_code
+            )
         elapsed = time.monotonic() - started
         metrics.GATEWAY_LATENCY.observe(elapsed)
         metrics.GATEWAY_CALLS.labels(result.outcome.value).inc()

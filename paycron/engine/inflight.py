@@ -41,8 +41,14 @@ HEADROOM = 1.5
 class InFlightLimit:
     """A counting limit whose size follows Little's law."""
 
-    def __init__(self, *, rate: float, max_in_flight: int, floor: int = 1,
-                 initial_latency: float = INITIAL_LATENCY_SECONDS):
+    def __init__(
+        self,
+        *,
+        rate: float,
+        max_in_flight: int,
+        floor: int = 1,
+        initial_latency: float = INITIAL_LATENCY_SECONDS,
+    ):
         self.rate = rate
         self.max_in_flight = max_in_flight
         self.floor = min(floor, max_in_flight)
@@ -78,8 +84,7 @@ class Dispatcher:
     """Runs groups of claims in the background of one worker process, never
     holding more claims than :class:`InFlightLimit` allows."""
 
-    def __init__(self, *, executor: Executor, limit: InFlightLimit,
-                 groups: ThreadPoolExecutor):
+    def __init__(self, *, executor: Executor, limit: InFlightLimit, groups: ThreadPoolExecutor):
         self.executor = executor
         self.limit = limit
         self._groups = groups

@@ -39,10 +39,18 @@ def look_up(gateway: Gateway, payment: Mapping, *, now: datetime | None = None) 
     amount_minor, currency, customer, due_at, in_doubt, calls_land_by).
     Raises :class:`~paycron.errors.GatewayError` when it cannot be asked."""
     payment_id = str(payment["id"])
-    found = gateway.find_charges(LookupRequest(
-        reference=payment_id, customer=payment.get("customer"),
-        since=payment["due_at"] - CLOCK_SKEW))
-    return judge_lookup(found, payment_id=payment_id, amount=payment["amount_minor"],
-                        currency=payment["currency"].strip(),
-                        customer=payment.get("customer"),
-                        conclusive=is_conclusive(payment, now))
+    found = gateway.find_charges(
+        LookupRequest(
+            reference=payment_id,
+            customer=payment.get("customer"),
+            since=payment["due_at"] - CLOCK_SKEW,
+        )
+    )
+    return judge_lookup(
+        found,
+        payment_id=payment_id,
+        amount=payment["amount_minor"],
+        currency=payment["currency"].strip(),
+        customer=payment.get("customer"),
+        conclusive=is_conclusive(payment, now),
+    )

@@ -29,7 +29,11 @@ def decode_claims(raw: list[list]) -> list[Claim]:
     return [Claim(uuid.UUID(pid), datetime.fromisoformat(due), int(n)) for pid, due, n in raw]
 
 
-def execute_message(claims: Sequence[Claim], *, probe: bool, queue_name: str
-                    ) -> dramatiq.Message:
-    return dramatiq.Message(queue_name=queue_name, actor_name=EXECUTE_ACTOR,
-                            args=(encode_claims(claims), probe), kwargs={}, options={})
+def execute_message(claims: Sequence[Claim], *, probe: bool, queue_name: str) -> dramatiq.Message:
+    return dramatiq.Message(
+        queue_name=queue_name,
+        actor_name=EXECUTE_ACTOR,
+        args=(encode_claims(claims), probe),
+        kwargs={},
+        options={},
+    )

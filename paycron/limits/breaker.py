@@ -67,12 +67,15 @@ class CircuitBreaker:
 
     def _window_is_bad(self, second: int, window: int) -> bool:
         seconds = range(second - window + 1, second + 1)
-        values = self._redis.mget([f"{self._calls}:{s}" for s in seconds]
-                                  + [f"{self._fails}:{s}" for s in seconds])
+        values = self._redis.mget(
+            [f"{self._calls}:{s}" for s in seconds] + [f"{self._fails}:{s}" for s in seconds]
+        )
         counts = [int(v or 0) for v in values]
         calls, fails = sum(counts[:window]), sum(counts[window:])
-        return (calls >= self._config.circuit_min_calls
-                and fails >= self._config.circuit_failure_ratio * calls)
+        return (
+            calls >= self._config.circuit_min_calls
+            and fails >= self._config.circuit_failure_ratio * calls
+        )
 
     def open(self) -> None:
         until = self._clock() + self._config.circuit_open_seconds

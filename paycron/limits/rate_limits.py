@@ -38,8 +38,9 @@ LOG_EVERY_SECONDS = 60.0
 
 
 class ActorRateLimiter:
-    def __init__(self, client: redis.Redis, config: Config, *,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, client: redis.Redis, config: Config, *, clock: Callable[[], float] = time.monotonic
+    ):
         self._take = client.register_script(_BUCKET)
         self._prefix = f"{config.redis_namespace}:ratelimit:"
         self.rate = config.api_rate_limit
@@ -58,8 +59,7 @@ class ActorRateLimiter:
         if self._clock() < self._bypass_until:
             return
         try:
-            granted = int(self._take(keys=[self._prefix + actor],
-                                     args=[1, self.rate, self.burst]))
+            granted = int(self._take(keys=[self._prefix + actor], args=[1, self.rate, self.burst]))
         except (redis.RedisError, OSError) as exc:
             self._failed(exc)
             return
@@ -75,6 +75,10 @@ class ActorRateLimiter:
             if now - self._logged_at < LOG_EVERY_SECONDS:
                 return
             failures, self._unlogged, self._logged_at = self._unlogged, 0, now
-        log.warning("rate limiter: Redis unavailable (%s: %s); serving requests unlimited "
-                    "(%d failure(s) since the last warning)",
-                    type(exc).__name__, exc, failures)
+        log.warning(
+            "rate limiter: Redis unavailable (%s: %s); serving requests unlimited "
+            "(%d failure(s) since the last warning)",
+            type(exc).__name__,
+            exc,
+            failures,
+        )

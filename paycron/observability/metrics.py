@@ -28,22 +28,28 @@ from paycron.store.partitions import days_ahead
 log = logging.getLogger("paycron.metrics")
 
 CLAIMS = Counter("paycron_claims", "Payments claimed by sweeps (PENDING -> PROCESSING)")
-LEASE_EXPIRATIONS = Counter("paycron_lease_expirations",
-                            "Leases that ran out and were reaped")
-DEAD_LETTERS = Counter("paycron_dead_letters", "Payments parked in the dead-letter table",
-                       ["reason"])
-GATEWAY_CALLS = Counter("paycron_gateway_calls", "Gateway charge calls by outcome",
-                        ["outcome"])
-GATEWAY_LATENCY = Histogram("paycron_gateway_call_seconds", "Gateway charge call latency",
-                            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+LEASE_EXPIRATIONS = Counter("paycron_lease_expirations", "Leases that ran out and were reaped")
+DEAD_LETTERS = Counter(
+    "paycron_dead_letters", "Payments parked in the dead-letter table", ["reason"]
+)
+GATEWAY_CALLS = Counter("paycron_gateway_calls", "Gateway charge calls by outcome", ["outcome"])
+GATEWAY_LATENCY = Histogram(
+    "paycron_gateway_call_seconds",
+    "Gateway charge call latency",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
 TRIGGER_LATENESS = Histogram(
-    "paycron_trigger_lateness_seconds", "First attempt's start minus the due time",
-    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900, 3600))
-BREAKER_RELEASES = Counter("paycron_breaker_releases",
-                           "Claims handed back unspent while the breaker was open")
+    "paycron_trigger_lateness_seconds",
+    "First attempt's start minus the due time",
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900, 3600),
+)
+BREAKER_RELEASES = Counter(
+    "paycron_breaker_releases", "Claims handed back unspent while the breaker was open"
+)
 RATE_LIMITER_ERRORS = Counter(
     "paycron_rate_limiter_errors",
-    "Requests served unchecked because the rate limiter could not ask Redis")
+    "Requests served unchecked because the rate limiter could not ask Redis",
+)
 
 #: circuit state as a number, for alerting
 BREAKER_STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
@@ -55,8 +61,9 @@ class DatabaseCollector(Collector):
     scrapes within it, concurrent ones included (they wait for the one
     read), get the same values. ``reads`` counts the reads made."""
 
-    def __init__(self, pool, *, breaker=None, queries: dict[str, str],
-                 ttl: float, clock=time.monotonic):
+    def __init__(
+        self, pool, *, breaker=None, queries: dict[str, str], ttl: float, clock=time.monotonic
+    ):
         self._pool = pool
         self._breaker = breaker
         self._queries = queries
@@ -79,8 +86,10 @@ class DatabaseCollector(Collector):
         now = datetime.now(UTC)
         try:
             with self._pool.connection(timeout=5) as conn:
-                row = conn.execute(self._queries["metrics_gauges"], {
-                    "now": now, "since": now - timedelta(minutes=5)}).fetchone()
+                row = conn.execute(
+                    self._queries["metrics_gauges"],
+                    {"now": now, "since": now - timedelta(minutes=5)},
+                ).fetchone()
                 ahead = days_ahead(conn)
         except Exception:  # a scrape must answer even when Postgres is down
             log.exception("metrics: database gauges unavailable")
@@ -88,33 +97,45 @@ class DatabaseCollector(Collector):
             return
         yield GaugeMetricFamily("paycron_database_up", "Postgres answered the scrape", 1)
         gauges = {
-            "paycron_oldest_due_pending_age_seconds":
-                ("Age of the oldest due PENDING payment (0 when none)",
-                 row["oldest_due_age"] or 0),
+            "paycron_oldest_due_pending_age_seconds": (
+                "Age of the oldest due PENDING payment (0 when none)",
+                row["oldest_due_age"] or 0,
+            ),
             "paycron_backlog_payments": ("Due PENDING payments", row["backlog"]),
             "paycron_processing_payments": ("PROCESSING payments", row["processing"]),
-            "paycron_due_inflow_5m_payments":
-                ("Payments that fell due in the last 5 minutes", row["due_5m"]),
+            "paycron_due_inflow_5m_payments": (
+                "Payments that fell due in the last 5 minutes",
+                row["due_5m"],
+            ),
             "paycron_dead_letters_open": ("Open dead letters", row["dlq_open"]),
-            "paycron_awaiting_gateway_payments":
-                ("Payments the processor accepted and settles later", row["awaiting"]),
-            "paycron_oldest_awaiting_gateway_age_seconds":
-                ("Age of the oldest payment AWAITING_GATEWAY (0 when none)",
-                 row["oldest_awaiting_age"] or 0),
-            "paycron_gateway_events_pending":
-                ("Processor events stored and not yet applied", row["gateway_events_pending"]),
+            "paycron_awaiting_gateway_payments": (
+                "Payments the processor accepted and settles later",
+                row["awaiting"],
+            ),
+            "paycron_oldest_awaiting_gateway_age_seconds": (
+                "Age of the oldest payment AWAITING_GATEWAY (0 when none)",
+                row["oldest_awaiting_age"] or 0,
+            ),
+            "paycron_gateway_events_pending": (
+                "Processor events stored and not yet applied",
+                row["gateway_events_pending"],
+            ),
             "paycron_partitions_ahead_days": ("Days ahead covered by partitions", ahead),
-            "paycron_reconciliation_mismatches":
-                ("Mismatches in the latest reconciliation run", row["mismatches"] or 0),
+            "paycron_reconciliation_mismatches": (
+                "Mismatches in the latest reconciliation run",
+                row["mismatches"] or 0,
+            ),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=float(value))
         if self._breaker is not None:
             try:
                 state = self._breaker.state().value
-                yield GaugeMetricFamily("paycron_circuit_state",
-                                        "Circuit breaker: 0 closed, 1 half-open, 2 open",
-                                        value=BREAKER_STATE_VALUE[state])
+                yield GaugeMetricFamily(
+                    "paycron_circuit_state",
+                    "Circuit breaker: 0 closed, 1 half-open, 2 open",
+                    value=BREAKER_STATE_VALUE[state],
+                )
             except Exception:
                 log.exception("metrics: breaker state unavailable")
 
@@ -136,6 +157,10 @@ def serve_metrics(base_port: int | None, *, component: str) -> int | None:
             continue
         log.info("%s metrics on :%d/metrics", component, port)
         return port
-    log.warning("%s: no free metrics port in %d..%d", component, base_port,
-                base_port + METRICS_PORT_SPAN - 1)
+    log.warning(
+        "%s: no free metrics port in %d..%d",
+        component,
+        base_port,
+        base_port + METRICS_PORT_SPAN - 1,
+    )
     return None

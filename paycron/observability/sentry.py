@@ -24,9 +24,22 @@ from paycron.config import Config
 _DATA_QUOTING_MODULES = ("psycopg",)
 
 #: Keys whose values never leave the process in a Sentry event.
-_SCRUBBED_KEYS = {"payer", "payee", "actor", "authorization", "idempotency-key", "claims",
-                  "args", "kwargs", "data", "body", "customer", "payment_method",
-                  "paymentmethod", "payment-method"}
+_SCRUBBED_KEYS = {
+    "payer",
+    "payee",
+    "actor",
+    "authorization",
+    "idempotency-key",
+    "claims",
+    "args",
+    "kwargs",
+    "data",
+    "body",
+    "customer",
+    "payment_method",
+    "paymentmethod",
+    "payment-method",
+}
 
 #: A processor's customer or payment method as Stripe writes them: ``cus_…``,
 #: ``pm_…`` (test ones too: ``pm_card_visa``), and the older payment-method
@@ -47,8 +60,10 @@ def _postgres_names(exc: BaseException) -> set[str]:
     """The identifiers a Postgres error names (never data): its constraint,
     table, column, schema and type."""
     diag = getattr(exc, "diag", None)
-    names = (getattr(diag, attr, None) for attr in (
-        "constraint_name", "table_name", "column_name", "schema_name", "datatype_name"))
+    names = (
+        getattr(diag, attr, None)
+        for attr in ("constraint_name", "table_name", "column_name", "schema_name", "datatype_name")
+    )
     return {f'"{name}"' for name in names if name}
 
 
@@ -97,8 +112,9 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
 
 
 def _scrub_exception_value(exc: dict, raised: list[BaseException]) -> None:
-    if str(exc.get("module") or "").startswith(_DATA_QUOTING_MODULES) \
-            and isinstance(exc.get("value"), str):
+    if str(exc.get("module") or "").startswith(_DATA_QUOTING_MODULES) and isinstance(
+        exc.get("value"), str
+    ):
         # the exception this entry describes, for its SQLSTATE and identifiers
         same = [e for e in raised if type(e).__name__ == exc.get("type")]
         exc["value"] = redact_postgres_message(exc["value"], same[0] if same else None)
@@ -131,9 +147,11 @@ def scrub(event: dict, hint: dict | None = None) -> dict | None:
     if isinstance(crumbs, dict) and isinstance(crumbs.get("values"), list):
         # Each crumb went through scrub_breadcrumb when it was recorded;
         # this drops whatever reached the scope another way.
-        crumbs["values"] = [c for c in crumbs["values"]
-                            if isinstance(c, dict)
-                            and not str(c.get("category", "")).startswith("dramatiq")]
+        crumbs["values"] = [
+            c
+            for c in crumbs["values"]
+            if isinstance(c, dict) and not str(c.get("category", "")).startswith("dramatiq")
+        ]
         for crumb in crumbs["values"]:
             crumb.pop("data", None)
     logentry = event.get("logentry")
@@ -185,8 +203,9 @@ def _redacted_argument(arg):
     if isinstance(arg, str):
         return redact_tokens(arg)
     if isinstance(arg, BaseException):
-        return redact_tokens(redact_postgres_message(str(arg), arg) if _quotes_data(type(arg))
-                             else str(arg))
+        return redact_tokens(
+            redact_postgres_message(str(arg), arg) if _quotes_data(type(arg)) else str(arg)
+        )
     return arg
 
 
@@ -235,15 +254,20 @@ def init_sentry(config: Config, *, component: str, transport=None) -> bool:
     from sentry_sdk.integrations.dramatiq import DramatiqIntegration
 
     integrations = [DramatiqIntegration()] if component == "worker" else []
-    sentry_sdk.init(dsn=config.sentry_dsn, before_send=scrub,
-                    before_breadcrumb=scrub_breadcrumb, send_default_pii=False,
-                    include_local_variables=False, server_name=component,
-                    integrations=integrations, transport=transport,
-                    max_request_body_size="never")
+    sentry_sdk.init(
+        dsn=config.sentry_dsn,
+        before_send=scrub,
+        before_breadcrumb=scrub_breadcrumb,
+        send_default_pii=False,
+        include_local_variables=False,
+        server_name=component,
+        integrations=integrations,
+        transport=transport,
+        max_request_body_size="never",
+    )
     sentry_sdk.set_tag("component", component)
     return True
 
 
 def configure_logging(level: int = logging.INFO) -> None:
-    logging.basicConfig(level=level,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")

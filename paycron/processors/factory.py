@@ -16,20 +16,23 @@ from paycron.processors.base import Gateway
 log = logging.getLogger("paycron.gateway")
 
 
-def build_gateway(config: Config, *, max_connections: int = 64,
-                  call_limiter: CallLimiter | None = None) -> Gateway:
+def build_gateway(
+    config: Config, *, max_connections: int = 64, call_limiter: CallLimiter | None = None
+) -> Gateway:
     """The processor adapter this configuration names, for a composition root.
     ``call_limiter``: the shared per-second window every request that is not
     a charge (lookups, refunds, report pages) takes a token from."""
     if config.gateway == "stripe":
         from paycron.processors.stripe.client import StripeGateway
 
-        return StripeGateway.from_config(config, max_connections=max_connections,
-                                         take_token=_token_taker(call_limiter))
+        return StripeGateway.from_config(
+            config, max_connections=max_connections, take_token=_token_taker(call_limiter)
+        )
     from paycron.processors.card.client import HttpGateway
 
-    return HttpGateway(config.gateway_url, timeout=config.gateway_timeout_seconds,
-                       max_connections=max_connections)
+    return HttpGateway(
+        config.gateway_url, timeout=config.gateway_timeout_seconds, max_connections=max_connections
+    )
 
 
 def _token_taker(limiter: CallLimiter | None) -> Callable[[], None] | None:
@@ -40,8 +43,7 @@ def _token_taker(limiter: CallLimiter | None) -> Callable[[], None] | None:
         try:
             limiter.acquire_some(1)
         except redis.RedisError as exc:  # an operator's lookup must not wait on Redis
-            log.warning("call window unavailable (%s): request sent unpaced",
-                        type(exc).__name__)
+            log.warning("call window unavailable (%s): request sent unpaced", type(exc).__name__)
 
     return take
 

@@ -10,8 +10,11 @@ from collections.abc import Mapping
 import urllib3
 
 #: The request never left us: the processor cannot have executed it.
-NOT_SENT = (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError,
-            urllib3.exceptions.EmptyPoolError)
+NOT_SENT = (
+    urllib3.exceptions.NewConnectionError,
+    urllib3.exceptions.ConnectTimeoutError,
+    urllib3.exceptions.EmptyPoolError,
+)
 
 #: A decline code is a short machine token; anything longer is not one.
 MAX_ERROR_CODE_LENGTH = 64

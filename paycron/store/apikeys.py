@@ -45,9 +45,15 @@ def create_api_key(conn: Connection, actor: str, *, admin: bool = False) -> tupl
     prefix = secrets.token_hex(4)
     key = f"pc_{prefix}_{secrets.token_urlsafe(32)}"
     scopes = [SCOPE_PAYMENTS, SCOPE_ADMIN] if admin else [SCOPE_PAYMENTS]
-    row = conn.execute(q("create_api_key"), {
-        "actor": actor, "prefix": prefix, "key_hash": hash_key(key), "scopes": scopes,
-    }).fetchone()
+    row = conn.execute(
+        q("create_api_key"),
+        {
+            "actor": actor,
+            "prefix": prefix,
+            "key_hash": hash_key(key),
+            "scopes": scopes,
+        },
+    ).fetchone()
     return key, row
 
 
@@ -69,8 +75,13 @@ class PrincipalCache:
     sha256, so no process keeps a key in memory longer than its request.
     """
 
-    def __init__(self, ttl: float, *, max_entries: int = 10_000,
-                 monotonic: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        ttl: float,
+        *,
+        max_entries: int = 10_000,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self.ttl = ttl
         self.max_entries = max_entries
         self._monotonic = monotonic
@@ -95,7 +106,6 @@ class PrincipalCache:
             self._entries[key_hash] = (now + self.ttl, principal)
         return principal
 
-
     def by_id(self, pool: ConnectionPool, key_id: int) -> Principal | None:
         """The live key with this id (a console session's), trusted as long
         as a key presented by the API: a revoked key's sessions end within
@@ -106,8 +116,11 @@ class PrincipalCache:
             return hit[1]
         with pool.connection() as conn:
             row = conn.execute(q("find_api_key_by_id"), {"id": key_id}).fetchone()
-        principal = None if row is None else Principal(
-            actor=row["actor"], scopes=tuple(row["scopes"]), key_id=row["id"])
+        principal = (
+            None
+            if row is None
+            else Principal(actor=row["actor"], scopes=tuple(row["scopes"]), key_id=row["id"])
+        )
         if principal is None:
             self._by_id.pop(key_id, None)
         elif self.ttl > 0:

@@ -59,8 +59,9 @@ CONNINFO_DEFAULTS = {
 }
 
 
-def connection_kwargs(*, statement_timeout: float | None = None,
-                      database_url: str | None = None) -> dict:
+def connection_kwargs(
+    *, statement_timeout: float | None = None, database_url: str | None = None
+) -> dict:
     """``statement_timeout`` (seconds; None or 0: none) cancels any statement
     of the session that runs longer. Only the web's pool sets one; every other
     session sets ``statement_timeout=0`` itself, whatever the server's or
@@ -87,8 +88,14 @@ def require_database_url(config: Config) -> str:
     return config.database_url
 
 
-def make_pool(config: Config, *, min_size: int = 1, max_size: int | None = None,
-              name: str = "paycron", statement_timeout: float | None = None) -> ConnectionPool:
+def make_pool(
+    config: Config,
+    *,
+    min_size: int = 1,
+    max_size: int | None = None,
+    name: str = "paycron",
+    statement_timeout: float | None = None,
+) -> ConnectionPool:
     """An opened pool; the caller closes it (``with make_pool(...) as pool``).
     ``statement_timeout``: see :func:`connection_kwargs` (the web's pool only).
 
@@ -199,9 +206,11 @@ def bounded_write(conn: Connection, seconds: float | None) -> Iterator[None]:
     except psycopg.Error as exc:
         if conn.broken:
             log.warning("connection lost mid-write: %s", type(exc).__name__)
-            raise OutcomeUnknown("the database connection was lost before it answered: this "
-                                 "may or may not have taken effect; retry with the same "
-                                 "Idempotency-Key") from exc
+            raise OutcomeUnknown(
+                "the database connection was lost before it answered: this "
+                "may or may not have taken effect; retry with the same "
+                "Idempotency-Key"
+            ) from exc
         raise
     finally:
         cancelled = watch.stop() if watch else False
@@ -210,9 +219,11 @@ def bounded_write(conn: Connection, seconds: float | None) -> Iterator[None]:
             conn.close()
     if warnings:
         log.warning("a write's commit is on the primary alone: %s", warnings[0])
-        raise OutcomeUnknown("the database could not confirm this in time (its standby did "
-                             "not answer): it may or may not have taken effect; retry with "
-                             "the same Idempotency-Key")
+        raise OutcomeUnknown(
+            "the database could not confirm this in time (its standby did "
+            "not answer): it may or may not have taken effect; retry with "
+            "the same Idempotency-Key"
+        )
 
 
 class _Watch:
@@ -287,5 +298,6 @@ def make_redis(config: Config, *, timeout: float | None = None) -> redis.Redis:
     bounds each command (the web's probes must not hang a request)."""
     if not config.redis_url:
         raise ConfigError("REDIS_URL is not set")
-    return redis.Redis.from_url(config.redis_url, socket_timeout=timeout,
-                                socket_connect_timeout=timeout)
+    return redis.Redis.from_url(
+        config.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
+    )

@@ -32,10 +32,15 @@ def position_of(event: dict) -> Position:
 def read_feed(conn: Connection, *, payer: str, after: Position, limit: int) -> list[dict]:
     """Up to ``limit`` of ``payer``'s events after ``after``, oldest first,
     with their data as the payer may see it (:func:`public_data`)."""
-    rows = conn.execute(q("events_after"), {
-        "payer": payer, "after_txid": str(after.txid), "after_id": after.event_id,
-        "limit": limit,
-    }).fetchall()
+    rows = conn.execute(
+        q("events_after"),
+        {
+            "payer": payer,
+            "after_txid": str(after.txid),
+            "after_id": after.event_id,
+            "limit": limit,
+        },
+    ).fetchall()
     return [{**row, "data": public_data(row["data"])} for row in rows]
 
 

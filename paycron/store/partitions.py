@@ -92,10 +92,13 @@ def detach_settled(conn: Connection, config: Config, today: date | None = None) 
     if detached:
         # Outside the detaches' transactions: their lock on payments must
         # not be held through a scan of the idempotency table.
-        conn.execute(q("forget_detached_idempotency_keys"), {
-            "cutoff": day_start(cutoff),
-            "attached_days": [d for d in existing_days(conn) if d < cutoff],
-        })
+        conn.execute(
+            q("forget_detached_idempotency_keys"),
+            {
+                "cutoff": day_start(cutoff),
+                "attached_days": [d for d in existing_days(conn) if d < cutoff],
+            },
+        )
     return detached
 
 

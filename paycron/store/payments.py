@@ -78,8 +78,16 @@ def find_replay(conn: Connection, actor: str, key: str, body_hash: bytes) -> dic
     return get_payment(conn, row["payment_id"], actor=actor)
 
 
-def create_payment(conn: Connection, *, actor: str, key: str, body_hash: bytes,
-                   new: NewPayment, processor: str, smear_seconds: float = 0.0) -> Created:
+def create_payment(
+    conn: Connection,
+    *,
+    actor: str,
+    key: str,
+    body_hash: bytes,
+    new: NewPayment,
+    processor: str,
+    smear_seconds: float = 0.0,
+) -> Created:
     """Insert the payment, its idempotency row and its event in one transaction.
 
     Concurrent creates with one key: the first insert wins, the others wait
@@ -97,10 +105,18 @@ def create_payment(conn: Connection, *, actor: str, key: str, body_hash: bytes,
         run_at += timedelta(seconds=random.uniform(0, smear_seconds))
     payment_id = new_payment_id(new.due_at)
     params = {
-        "actor": actor, "key": key, "request_hash": body_hash, "id": payment_id,
-        "due_at": new.due_at, "payee": new.payee, "amount_minor": new.amount_minor,
-        "currency": new.currency, "run_at": run_at, "payment_method": new.payment_method,
-        "customer": new.customer, "processor": processor,
+        "actor": actor,
+        "key": key,
+        "request_hash": body_hash,
+        "id": payment_id,
+        "due_at": new.due_at,
+        "payee": new.payee,
+        "amount_minor": new.amount_minor,
+        "currency": new.currency,
+        "run_at": run_at,
+        "payment_method": new.payment_method,
+        "customer": new.customer,
+        "processor": processor,
     }
     row = conn.execute(q("create_payment"), params).fetchone()
     if row is not None:
@@ -123,8 +139,9 @@ def create_payment(conn: Connection, *, actor: str, key: str, body_hash: bytes,
 
 
 def _customer_owner(conn: Connection, processor: str, customer: str) -> str | None:
-    row = conn.execute(q("customer_owner"),
-                       {"processor": processor, "customer": customer}).fetchone()
+    row = conn.execute(
+        q("customer_owner"), {"processor": processor, "customer": customer}
+    ).fetchone()
     return None if row is None else row["actor"]
 
 
@@ -137,8 +154,10 @@ def _create_binding(conn: Connection, params: dict, body_hash: bytes) -> Created
     try:
         with conn.transaction():
             bound = conn.execute(q("bind_customer"), params).fetchone()
-            if bound is None and _customer_owner(conn, params["processor"],
-                                                 params["customer"]) != actor:
+            if (
+                bound is None
+                and _customer_owner(conn, params["processor"], params["customer"]) != actor
+            ):
                 raise CustomerNotYours()
             row = conn.execute(q("create_payment"), params).fetchone()
             if row is not None:
@@ -150,8 +169,9 @@ def _create_binding(conn: Connection, params: dict, body_hash: bytes) -> Created
         return _replay_or(conn, actor, key, body_hash, refused)
 
 
-def _replay_or(conn: Connection, actor: str, key: str, body_hash: bytes,
-               refusal: PaycronError) -> Created:
+def _replay_or(
+    conn: Connection, actor: str, key: str, body_hash: bytes, refusal: PaycronError
+) -> Created:
     """The replay of an earlier create under (actor, key), else ``refusal``
     raised. A replay returns the original payment whatever changed since."""
     replay = find_replay(conn, actor, key, body_hash)
@@ -160,13 +180,20 @@ def _replay_or(conn: Connection, actor: str, key: str, body_hash: bytes,
     return Created(payment=replay, replayed=True)
 
 
-def get_payment(conn: Connection, payment_id: uuid.UUID, *, actor: str | None,
-                with_attempts: bool = True) -> dict | None:
+def get_payment(
+    conn: Connection, payment_id: uuid.UUID, *, actor: str | None, with_attempts: bool = True
+) -> dict | None:
     """One payment with its attempts, or None (also when it is another payer's)."""
     due_from, due_to = due_range(payment_id)
-    row = conn.execute(q("get_payment"), {
-        "id": payment_id, "due_from": due_from, "due_to": due_to, "actor": actor,
-    }).fetchone()
+    row = conn.execute(
+        q("get_payment"),
+        {
+            "id": payment_id,
+            "due_from": due_from,
+            "due_to": due_to,
+            "actor": actor,
+        },
+    ).fetchone()
     if row is None:
         return None
     if with_attempts:
@@ -174,8 +201,14 @@ def get_payment(conn: Connection, payment_id: uuid.UUID, *, actor: str | None,
     return row
 
 
-def list_payments(conn: Connection, *, actor: str, status: str | None, limit: int,
-                  after: tuple[datetime, uuid.UUID] | None) -> tuple[list[dict], tuple | None]:
+def list_payments(
+    conn: Connection,
+    *,
+    actor: str,
+    status: str | None,
+    limit: int,
+    after: tuple[datetime, uuid.UUID] | None,
+) -> tuple[list[dict], tuple | None]:
     """A page of the payer's payments, newest first, and the keyset of the next page.
 
     The order comes from the unpartitioned idempotency table; the rows from
@@ -189,15 +222,32 @@ def list_payments(conn: Connection, *, actor: str, status: str | None, limit: in
     """
     before = after or _FIRST_PAGE
     scan = limit if status is None else FILTERED_SCAN_FACTOR * limit
-    keys = conn.execute(q("list_page_keys"), {
-        "actor": actor, "limit": scan + 1,  # one more: is there anything after?
-        "before_created_at": before[0], "before_id": before[1],
-    }).fetchall()
+    keys = conn.execute(
+        q("list_page_keys"),
+        {
+            "actor": actor,
+            "limit": scan + 1,  # one more: is there anything after?
+            "before_created_at": before[0],
+            "before_id": before[1],
+        },
+    ).fetchall()
     more, keys = len(keys) > scan, keys[:scan]
-    rows = {r["id"]: r for r in conn.execute(q("payments_by_keys"), {
-        "ids": [k["payment_id"] for k in keys], "due_ats": [k["due_at"] for k in keys],
-        "actor": actor, "status": status,
-    })} if keys else {}
+    rows = (
+        {
+            r["id"]: r
+            for r in conn.execute(
+                q("payments_by_keys"),
+                {
+                    "ids": [k["payment_id"] for k in keys],
+                    "due_ats": [k["due_at"] for k in keys],
+                    "actor": actor,
+                    "status": status,
+                },
+            )
+        }
+        if keys
+        else {}
+    )
     # A key whose row is gone (its partition detached) or filtered out is skipped.
     matched = [(key, rows[key["payment_id"]]) for key in keys if key["payment_id"] in rows]
     if len(matched) > limit:

@@ -29,8 +29,14 @@ from paycron.store.payments import get_payment
 log = logging.getLogger("paycron.gateway_events")
 
 #: The event types that can settle a payment; others are stored and ignored.
-SETTLING_TYPES = frozenset({"payment_intent.succeeded", "payment_intent.payment_failed",
-                            "payment_intent.processing", "payment_intent.canceled"})
+SETTLING_TYPES = frozenset(
+    {
+        "payment_intent.succeeded",
+        "payment_intent.payment_failed",
+        "payment_intent.processing",
+        "payment_intent.canceled",
+    }
+)
 
 
 class Result(StrEnum):
@@ -53,11 +59,17 @@ def store(conn: Connection, *, processor: str, event: Mapping) -> bool:
     obj = (event.get("data") or {}).get("object") or {}
     metadata = obj.get("metadata") or {}
     payment_id = parse_payment_id(str(metadata.get("paycron_payment_id") or ""))
-    row = conn.execute(q("store_gateway_event"), {
-        "id": str(event["id"]), "processor": processor, "type": str(event.get("type")),
-        "intent_id": obj.get("id") if isinstance(obj.get("id"), str) else None,
-        "payment_id": payment_id, "payload": json.dumps(event),
-    }).fetchone()
+    row = conn.execute(
+        q("store_gateway_event"),
+        {
+            "id": str(event["id"]),
+            "processor": processor,
+            "type": str(event.get("type")),
+            "intent_id": obj.get("id") if isinstance(obj.get("id"), str) else None,
+            "payment_id": payment_id,
+            "payload": json.dumps(event),
+        },
+    ).fetchone()
     return row is not None
 
 
@@ -80,15 +92,22 @@ def settle(conn: Connection, payment_id: uuid.UUID, charge: Charge, *, actor: st
         settlement = settlement_of(charge)
         if settlement is Settlement.WAITING:
             return Result.STILL_PROCESSING
-        if moved and (charge.amount != payment["amount_minor"]
-                      or charge.currency.upper() != payment["currency"].strip().upper()):
-            log.error("processor payment %s for payment %s moved another amount or currency: "
-                      "left waiting for a human", charge.id, payment_id)
+        if moved and (
+            charge.amount != payment["amount_minor"]
+            or charge.currency.upper() != payment["currency"].strip().upper()
+        ):
+            log.error(
+                "processor payment %s for payment %s moved another amount or currency: "
+                "left waiting for a human",
+                charge.id,
+                payment_id,
+            )
             return Result.MISMATCHED
         target = Status.COMPLETED if settlement is Settlement.COMPLETED else Status.FAILED
         code = None if target is Status.COMPLETED else "payment_failed"
-        if transitions.settle_awaiting(conn, payment_id, intent=charge.id, status=target,
-                                       actor=actor, error_code=code):
+        if transitions.settle_awaiting(
+            conn, payment_id, intent=charge.id, status=target, actor=actor, error_code=code
+        ):
             return Result(target.value.lower())
         return Result.ALREADY_SETTLED  # settled by the other path meanwhile
     if status in (Status.PENDING, Status.PROCESSING):
@@ -100,8 +119,13 @@ def settle(conn: Connection, payment_id: uuid.UUID, charge: Charge, *, actor: st
     # Money moved on a processor-side payment the payment does not stand on:
     # another intent of a waiting or completed payment (a double charge), or
     # a FAILED or CANCELLED payment's (reconciliation repairs what it can).
-    log.error("processor payment %s of payment %s (%s) shows money moved that the "
-              "payment does not account for: page", charge.id, payment_id, status.value)
+    log.error(
+        "processor payment %s of payment %s (%s) shows money moved that the "
+        "payment does not account for: page",
+        charge.id,
+        payment_id,
+        status.value,
+    )
     return Result.PAGED
 
 

@@ -15,12 +15,16 @@ def lateness(conn: Connection, *, since: datetime) -> dict:
     return conn.execute(q("lateness"), {"since": since}).fetchone()
 
 
-def health(conn: Connection, *, window: timedelta = timedelta(hours=1),
-           processor: str = "fake") -> dict:
+def health(
+    conn: Connection, *, window: timedelta = timedelta(hours=1), processor: str = "fake"
+) -> dict:
     """``other_processor``: due payments first called at another processor
     than ``processor`` (the configured one), which are never claimed here."""
     now = datetime.now(UTC)
     since = now - window
-    return {**conn.execute(q("health"), {"since": since, "now": now,
-                                         "processor": processor}).fetchone(),
-            "lateness": lateness(conn, since=since)}
+    return {
+        **conn.execute(
+            q("health"), {"since": since, "now": now, "processor": processor}
+        ).fetchone(),
+        "lateness": lateness(conn, since=since),
+    }

@@ -40,6 +40,7 @@ def worker_name() -> str:
     """Who made an attempt: host and pid (read at call time: workers fork)."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
+
 #: Why a cancel lost, by the status it found.
 _CANCEL_REFUSALS = {
     Status.PROCESSING: CancelOutcome.ALREADY_PROCESSING,
@@ -88,8 +89,9 @@ def cancel(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> CancelOutc
     return CancelOutcome.ALREADY_PROCESSING
 
 
-def claim_due(conn: Connection, *, limit: int, lease_seconds: float,
-              processor: str = "fake") -> list[Claim]:
+def claim_due(
+    conn: Connection, *, limit: int, lease_seconds: float, processor: str = "fake"
+) -> list[Claim]:
     """PENDING -> PROCESSING for up to ``limit`` due rows (lease, attempt + 1),
     shared across payers round-robin, oldest first within each payer; the
     claims come back in that order (the order they are enqueued in). Rows
@@ -100,15 +102,26 @@ def claim_due(conn: Connection, *, limit: int, lease_seconds: float,
     claims nothing; after it, the leases cover the rows.
     """
     with conn.transaction():
-        turns = conn.execute(q("lock_due_fairly"), {
-            "limit": limit, "now": datetime.now(UTC), "processor": processor,
-        }, prepare=True).fetchall()
+        turns = conn.execute(
+            q("lock_due_fairly"),
+            {
+                "limit": limit,
+                "now": datetime.now(UTC),
+                "processor": processor,
+            },
+            prepare=True,
+        ).fetchall()
         if not turns:
             return []
-        rows = conn.execute(q("claim_locked"), {
-            "ids": [r["id"] for r in turns], "due_ats": [r["due_at"] for r in turns],
-            "lease_seconds": lease_seconds,
-        }, prepare=True).fetchall()
+        rows = conn.execute(
+            q("claim_locked"),
+            {
+                "ids": [r["id"] for r in turns],
+                "due_ats": [r["due_at"] for r in turns],
+                "lease_seconds": lease_seconds,
+            },
+            prepare=True,
+        ).fetchall()
     for r in rows:
         log_transition(r["id"], Status.PENDING, Status.PROCESSING, attempt=r["attempt"])
     return [Claim(r["id"], r["due_at"], r["attempt"]) for r in rows]
@@ -116,8 +129,7 @@ def claim_due(conn: Connection, *, limit: int, lease_seconds: float,
 
 def count_queued(conn: Connection) -> int:
     """Claims waiting for their call: PROCESSING with no attempt row yet."""
-    return conn.execute(q("count_queued"), {"now": datetime.now(UTC)},
-                        prepare=True).fetchone()["n"]
+    return conn.execute(q("count_queued"), {"now": datetime.now(UTC)}, prepare=True).fetchone()["n"]
 
 
 def _claim_params(claims: Sequence[Claim]) -> dict:
@@ -137,16 +149,28 @@ def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
     return len(rows)
 
 
-def start(pool: ConnectionPool, claims: Sequence[Claim], *, lease_seconds: float,
-          processor: str = "fake", worker: str | None = None) -> list[dict]:
+def start(
+    pool: ConnectionPool,
+    claims: Sequence[Claim],
+    *,
+    lease_seconds: float,
+    processor: str = "fake",
+    worker: str | None = None,
+) -> list[dict]:
     """Fence, renew the lease and write IN_FLIGHT, for every claim at once,
     stamping ``processor``. Returns the rows this worker now holds (stale,
     duplicate and other processors' claims drop)."""
     with pool.connection() as conn:
-        return conn.execute(q("start_attempts"), {
-            **_claim_params(claims), "lease_seconds": lease_seconds,
-            "processor": processor, "worker": worker or worker_name(),
-        }, prepare=True).fetchall()
+        return conn.execute(
+            q("start_attempts"),
+            {
+                **_claim_params(claims),
+                "lease_seconds": lease_seconds,
+                "processor": processor,
+                "worker": worker or worker_name(),
+            },
+            prepare=True,
+        ).fetchall()
 
 
 @dataclass(frozen=True)
@@ -163,8 +187,13 @@ class Finished:
 UNWRITABLE = "unwritable_answer"
 
 
-def finish(pool: ConnectionPool, done: Sequence[Finished], *,
-           land_seconds: float = 0.0, poll_seconds: float = 300.0) -> list[dict]:
+def finish(
+    pool: ConnectionPool,
+    done: Sequence[Finished],
+    *,
+    land_seconds: float = 0.0,
+    poll_seconds: float = 300.0,
+) -> list[dict]:
     """Record every outcome and CAS every payment, in one statement; a call
     that may still land moves the payment's in-flight bound to its start +
     ``land_seconds`` (lease + call timeout + settle margin).
@@ -176,15 +205,25 @@ def finish(pool: ConnectionPool, done: Sequence[Finished], *,
         return _finish_retrying_deadlocks(pool, done, land_seconds, poll_seconds)
     except (psycopg.DataError, UnicodeEncodeError):
         if len(done) > 1:
-            return [row for item in done for row in finish(
-                pool, [item], land_seconds=land_seconds, poll_seconds=poll_seconds)]
+            return [
+                row
+                for item in done
+                for row in finish(
+                    pool, [item], land_seconds=land_seconds, poll_seconds=poll_seconds
+                )
+            ]
         (item,) = done
-        log.error("unwritable gateway answer for payment %s: stored without its text",
-                  item.row["id"])
-        result = replace(item.result, error_code=item.result.error_code and UNWRITABLE,
-                         gateway_ref=item.result.gateway_ref and UNWRITABLE)
-        return _finish(pool, [Finished(item.row, result, item.decision)], land_seconds,
-                       poll_seconds)
+        log.error(
+            "unwritable gateway answer for payment %s: stored without its text", item.row["id"]
+        )
+        result = replace(
+            item.result,
+            error_code=item.result.error_code and UNWRITABLE,
+            gateway_ref=item.result.gateway_ref and UNWRITABLE,
+        )
+        return _finish(
+            pool, [Finished(item.row, result, item.decision)], land_seconds, poll_seconds
+        )
 
 
 #: A finish that deadlocks with a reap of the same rows is rolled back whole
@@ -192,8 +231,9 @@ def finish(pool: ConnectionPool, done: Sequence[Finished], *,
 _DEADLOCK_TRIES = 3
 
 
-def _finish_retrying_deadlocks(pool: ConnectionPool, done: Sequence[Finished],
-                               land_seconds: float, poll_seconds: float) -> list[dict]:
+def _finish_retrying_deadlocks(
+    pool: ConnectionPool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
+) -> list[dict]:
     for attempt in range(1, _DEADLOCK_TRIES + 1):
         try:
             return _finish(pool, done, land_seconds, poll_seconds)
@@ -204,8 +244,9 @@ def _finish_retrying_deadlocks(pool: ConnectionPool, done: Sequence[Finished],
     raise AssertionError("unreachable")
 
 
-def _finish(pool: ConnectionPool, done: Sequence[Finished], land_seconds: float,
-            poll_seconds: float) -> list[dict]:
+def _finish(
+    pool: ConnectionPool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
+) -> list[dict]:
     if not done:
         return []
     params = {
@@ -220,13 +261,15 @@ def _finish(pool: ConnectionPool, done: Sequence[Finished], land_seconds: float,
         "delays": [float(d.decision.delay) for d in done],
         "failures": [d.decision.failures for d in done],
         "in_doubts": [d.decision.in_doubt for d in done],
-        "failure_reasons": [d.decision.failure_reason and d.decision.failure_reason.value
-                            for d in done],
+        "failure_reasons": [
+            d.decision.failure_reason and d.decision.failure_reason.value for d in done
+        ],
         "key_in_uses": [d.decision.key_in_use for d in done],
         "next_keys": [d.decision.next_key for d in done],
         "confirms": [d.decision.confirm for d in done],
         "may_lands": [d.result.may_land for d in done],
-        "land_seconds": land_seconds, "poll_seconds": poll_seconds,
+        "land_seconds": land_seconds,
+        "poll_seconds": poll_seconds,
     }
     with pool.connection() as conn:
         rows = conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
@@ -234,8 +277,14 @@ def _finish(pool: ConnectionPool, done: Sequence[Finished], land_seconds: float,
     for r in rows:
         if r["moved"]:
             d = by_id[r["id"]]
-            log_transition(r["id"], Status.PROCESSING, r["status"], attempt=d.row["attempt"],
-                           outcome=d.result.outcome.value, reason=d.decision.failure_reason)
+            log_transition(
+                r["id"],
+                Status.PROCESSING,
+                r["status"],
+                attempt=d.row["attempt"],
+                outcome=d.result.outcome.value,
+                reason=d.decision.failure_reason,
+            )
     return rows
 
 
@@ -244,39 +293,60 @@ def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
     decides (PENDING, in doubt if a call was in flight; or FAILED
     ``LEASE_EXPIRED_REPEATEDLY``). Lock, decide, write: one transaction."""
     with conn.transaction():
-        locked = conn.execute(q("lock_expired"), {"limit": limit, "now": datetime.now(UTC)},
-                              prepare=True).fetchall()
+        locked = conn.execute(
+            q("lock_expired"), {"limit": limit, "now": datetime.now(UTC)}, prepare=True
+        ).fetchall()
         if not locked:
             return []
-        decisions = [policy.after_lease_expiry(
-            lease_expiries=r["lease_expiries"], failures=r["failures"], in_doubt=r["in_doubt"],
-            call_in_flight=r["call_in_flight"], config=config) for r in locked]
-        rows = conn.execute(q("reap_locked"), {
-            "ids": [r["id"] for r in locked], "due_ats": [r["due_at"] for r in locked],
-            "attempts": [r["attempt"] for r in locked],
-            "statuses": [d.status.value for d in decisions],
-            "failure_reasons": [d.failure_reason and d.failure_reason.value for d in decisions],
-            "in_doubts": [d.in_doubt for d in decisions],
-            "land_seconds": config.in_flight_bound_seconds,
-        }, prepare=True).fetchall()
+        decisions = [
+            policy.after_lease_expiry(
+                lease_expiries=r["lease_expiries"],
+                failures=r["failures"],
+                in_doubt=r["in_doubt"],
+                call_in_flight=r["call_in_flight"],
+                config=config,
+            )
+            for r in locked
+        ]
+        rows = conn.execute(
+            q("reap_locked"),
+            {
+                "ids": [r["id"] for r in locked],
+                "due_ats": [r["due_at"] for r in locked],
+                "attempts": [r["attempt"] for r in locked],
+                "statuses": [d.status.value for d in decisions],
+                "failure_reasons": [d.failure_reason and d.failure_reason.value for d in decisions],
+                "in_doubts": [d.in_doubt for d in decisions],
+                "land_seconds": config.in_flight_bound_seconds,
+            },
+            prepare=True,
+        ).fetchall()
     for r in rows:
-        log_transition(r["id"], Status.PROCESSING, r["status"], reason="lease_expired",
-                       in_doubt=r["in_doubt"])
+        log_transition(
+            r["id"], Status.PROCESSING, r["status"], reason="lease_expired", in_doubt=r["in_doubt"]
+        )
     return rows
 
 
-def complete_from_gateway(conn: Connection, payment_id: uuid.UUID, *, outcome: str,
-                          gateway_ref: str, actor: str) -> bool:
+def complete_from_gateway(
+    conn: Connection, payment_id: uuid.UUID, *, outcome: str, gateway_ref: str, actor: str
+) -> bool:
     """FAILED/PENDING -> COMPLETED because the gateway holds the charge.
     False when the row was in neither state (e.g. PROCESSING: left to its worker)."""
     due_from, due_to = due_range(payment_id)
-    row = conn.execute(q("complete_from_gateway"), {
-        "id": payment_id, "due_from": due_from, "due_to": due_to, "outcome": outcome,
-        "gateway_ref": gateway_ref, "actor": actor,
-    }).fetchone()
+    row = conn.execute(
+        q("complete_from_gateway"),
+        {
+            "id": payment_id,
+            "due_from": due_from,
+            "due_to": due_to,
+            "outcome": outcome,
+            "gateway_ref": gateway_ref,
+            "actor": actor,
+        },
+    ).fetchone()
     if row is not None:
-        log_transition(payment_id, "FAILED|PENDING", Status.COMPLETED, outcome=outcome,
-                       by=actor)
+        log_transition(payment_id, "FAILED|PENDING", Status.COMPLETED, outcome=outcome, by=actor)
     return row is not None
 
 
@@ -284,38 +354,68 @@ def redrive(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> bool:
     """A parked payment back to PENDING with a fresh budget and the next key
     generation (call only after a conclusive lookup found nothing)."""
     due_from, due_to = due_range(payment_id)
-    row = conn.execute(q("redrive"), {
-        "id": payment_id, "due_from": due_from, "due_to": due_to, "actor": actor,
-    }).fetchone()
+    row = conn.execute(
+        q("redrive"),
+        {
+            "id": payment_id,
+            "due_from": due_from,
+            "due_to": due_to,
+            "actor": actor,
+        },
+    ).fetchone()
     if row is not None:
         log_transition(payment_id, Status.FAILED, Status.PENDING, reason="redriven", by=actor)
     return row is not None
 
 
-def await_from_lookup(conn: Connection, payment_id: uuid.UUID, *, intent: str, actor: str,
-                      poll_seconds: float) -> bool:
+def await_from_lookup(
+    conn: Connection, payment_id: uuid.UUID, *, intent: str, actor: str, poll_seconds: float
+) -> bool:
     """FAILED/PENDING -> AWAITING_GATEWAY: a lookup found the processor still
     processing ``intent`` for it. False when the row was in neither state."""
     due_from, due_to = due_range(payment_id)
-    row = conn.execute(q("await_from_lookup"), {
-        "id": payment_id, "due_from": due_from, "due_to": due_to, "intent": intent,
-        "actor": actor, "poll_seconds": poll_seconds,
-    }).fetchone()
+    row = conn.execute(
+        q("await_from_lookup"),
+        {
+            "id": payment_id,
+            "due_from": due_from,
+            "due_to": due_to,
+            "intent": intent,
+            "actor": actor,
+            "poll_seconds": poll_seconds,
+        },
+    ).fetchone()
     if row is not None:
-        log_transition(payment_id, "FAILED|PENDING", Status.AWAITING_GATEWAY, intent=intent,
-                       by=actor)
+        log_transition(
+            payment_id, "FAILED|PENDING", Status.AWAITING_GATEWAY, intent=intent, by=actor
+        )
     return row is not None
 
 
-def settle_awaiting(conn: Connection, payment_id: uuid.UUID, *, intent: str, status: Status,
-                    actor: str, error_code: str | None = None) -> bool:
+def settle_awaiting(
+    conn: Connection,
+    payment_id: uuid.UUID,
+    *,
+    intent: str,
+    status: Status,
+    actor: str,
+    error_code: str | None = None,
+) -> bool:
     """AWAITING_GATEWAY -> COMPLETED/FAILED, fenced on ``intent``: False when
     the row does not wait on it (another intent, already settled)."""
     due_from, due_to = due_range(payment_id)
-    row = conn.execute(q("settle_awaiting"), {
-        "id": payment_id, "due_from": due_from, "due_to": due_to, "intent": intent,
-        "status": status.value, "actor": actor, "error_code": error_code,
-    }).fetchone()
+    row = conn.execute(
+        q("settle_awaiting"),
+        {
+            "id": payment_id,
+            "due_from": due_from,
+            "due_to": due_to,
+            "intent": intent,
+            "status": status.value,
+            "actor": actor,
+            "error_code": error_code,
+        },
+    ).fetchone()
     if row is not None:
         log_transition(payment_id, Status.AWAITING_GATEWAY, status, intent=intent, by=actor)
     return row is not None

@@ -48,26 +48,29 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},v1={digest}"
 
 
-def backoff(attempts: int, *, base: float, cap: float, jitter: float,
-            rng: random.Random | None = None) -> float:
+def backoff(
+    attempts: int, *, base: float, cap: float, jitter: float, rng: random.Random | None = None
+) -> float:
     """Seconds to wait after an event's ``attempts``-th failed delivery:
     ``base`` doubling per attempt up to ``cap``, times uniform(1 ± jitter)
     so endpoints that failed together do not retry together."""
     rng = rng or random.Random()
     exponent = min(max(attempts, 1) - 1, 32)  # 2**32 s is past any cap; no float overflow
-    return min(cap, base * 2 ** exponent * rng.uniform(1 - jitter, 1 + jitter))
+    return min(cap, base * 2**exponent * rng.uniform(1 - jitter, 1 + jitter))
 
 
-def create_endpoint(conn: Connection, *, actor: str, url: str,
-                    max_endpoints: int | None = None) -> dict:
+def create_endpoint(
+    conn: Connection, *, actor: str, url: str, max_endpoints: int | None = None
+) -> dict:
     """A new endpoint, with its secret (shown to the client once);
     :class:`LimitReached` when ``actor`` already has ``max_endpoints`` live
     ones (``MAX_WEBHOOK_ENDPOINTS``; None: no quota), and then nothing is created."""
     with conn.transaction():
         conn.execute(q("webhook_endpoint_lock_actor"), {"actor": actor})
-        row = conn.execute(q("webhook_endpoint_create"), {
-            "actor": actor, "url": url, "secret": new_secret(),
-            "max_endpoints": max_endpoints}).fetchone()
+        row = conn.execute(
+            q("webhook_endpoint_create"),
+            {"actor": actor, "url": url, "secret": new_secret(), "max_endpoints": max_endpoints},
+        ).fetchone()
     if row is None:
         raise LimitReached(f"at most {max_endpoints} webhook endpoints; delete one first")
     return row
@@ -77,15 +80,25 @@ def create_endpoint(conn: Connection, *, actor: str, url: str,
 _FIRST_PAGE = ("-infinity", uuid.UUID(int=0))
 
 
-def list_endpoints(conn: Connection, *, actor: str, limit: int,
-                   after: tuple[datetime, uuid.UUID] | None = None,
-                   ) -> tuple[list[dict], tuple[datetime, uuid.UUID] | None]:
+def list_endpoints(
+    conn: Connection,
+    *,
+    actor: str,
+    limit: int,
+    after: tuple[datetime, uuid.UUID] | None = None,
+) -> tuple[list[dict], tuple[datetime, uuid.UUID] | None]:
     """A page of ``actor``'s live endpoints, oldest first, and the position
     the next page starts after (None on the last page)."""
     after_created_at, after_id = after or _FIRST_PAGE
-    rows = conn.execute(q("webhook_endpoints_of"), {
-        "actor": actor, "limit": limit + 1,
-        "after_created_at": after_created_at, "after_id": after_id}).fetchall()
+    rows = conn.execute(
+        q("webhook_endpoints_of"),
+        {
+            "actor": actor,
+            "limit": limit + 1,
+            "after_created_at": after_created_at,
+            "after_id": after_id,
+        },
+    ).fetchall()
     if len(rows) <= limit:
         return rows, None
     last = rows[limit - 1]
@@ -94,8 +107,10 @@ def list_endpoints(conn: Connection, *, actor: str, limit: int,
 
 def delete_endpoint(conn: Connection, endpoint_id: uuid.UUID, *, actor: str) -> bool:
     """False when ``actor`` has no such endpoint (also another payer's)."""
-    return conn.execute(q("webhook_endpoint_delete"),
-                        {"id": endpoint_id, "actor": actor}).fetchone() is not None
+    return (
+        conn.execute(q("webhook_endpoint_delete"), {"id": endpoint_id, "actor": actor}).fetchone()
+        is not None
+    )
 
 
 @dataclass(frozen=True)
@@ -120,10 +135,13 @@ class Recorded(Enum):
 
 
 def claim_endpoints(conn: Connection, *, limit: int, lease_seconds: float) -> list[Lease]:
-    rows = conn.execute(q("webhook_claim_endpoints"),
-                        {"limit": limit, "lease_seconds": lease_seconds}).fetchall()
-    return [Lease(endpoint_id=r["id"], url=r["url"], secret=r["secret"], owner=r["lease_owner"])
-            for r in rows]
+    rows = conn.execute(
+        q("webhook_claim_endpoints"), {"limit": limit, "lease_seconds": lease_seconds}
+    ).fetchall()
+    return [
+        Lease(endpoint_id=r["id"], url=r["url"], secret=r["secret"], owner=r["lease_owner"])
+        for r in rows
+    ]
 
 
 def pending_events(conn: Connection, lease: Lease, *, limit: int) -> list[dict]:
@@ -132,21 +150,34 @@ def pending_events(conn: Connection, lease: Lease, *, limit: int) -> list[dict]:
 
 
 def record_delivered(conn: Connection, lease: Lease, event: dict, status: int) -> Recorded:
-    row = conn.execute(q("webhook_record_delivered"), {
-        **lease.params(), "event_id": event["id"], "txid": event["txid"], "status": status,
-    }).fetchone()
+    row = conn.execute(
+        q("webhook_record_delivered"),
+        {
+            **lease.params(),
+            "event_id": event["id"],
+            "txid": event["txid"],
+            "status": status,
+        },
+    ).fetchone()
     if row is None:
         return Recorded.LEASE_LOST
     return Recorded.MOVED if row["live"] else Recorded.DELETED
 
 
-def record_failed(conn: Connection, lease: Lease, event: dict, *, status: int | None,
-                  error: str, delay: float) -> None:
+def record_failed(
+    conn: Connection, lease: Lease, event: dict, *, status: int | None, error: str, delay: float
+) -> None:
     """Records the attempt, backs the endpoint off ``delay`` seconds, releases it."""
-    conn.execute(q("webhook_record_failed"), {
-        **lease.params(), "event_id": event["id"], "status": status, "error": error,
-        "delay": delay,
-    })
+    conn.execute(
+        q("webhook_record_failed"),
+        {
+            **lease.params(),
+            "event_id": event["id"],
+            "status": status,
+            "error": error,
+            "delay": delay,
+        },
+    )
 
 
 def release(conn: Connection, lease: Lease) -> None:
@@ -228,8 +259,9 @@ class Refused:
     code: str = "forbidden_destination"
 
 
-def check_destination(url: str, *, resolve: Resolver = resolve_host,
-                      allow_private: bool = False) -> Destination | Refused:
+def check_destination(
+    url: str, *, resolve: Resolver = resolve_host, allow_private: bool = False
+) -> Destination | Refused:
     """Resolve ``url``'s host once and check every address it gave.
 
     The relay runs inside our network: a payer must not point it at an
@@ -253,11 +285,18 @@ def check_destination(url: str, *, resolve: Resolver = resolve_host,
     if not addresses:
         return Refused("the host does not resolve", code="name_not_resolved")
     if not allow_private and not all(is_public(a) for a in addresses):
-        return Refused("the host resolves to a non-public address (every address it "
-                       "resolves to must be a public one)")
+        return Refused(
+            "the host resolves to a non-public address (every address it "
+            "resolves to must be a public one)"
+        )
     default_port = 443 if parts.scheme == "https" else 80
-    return Destination(scheme=parts.scheme, host=host, port=parts.port or default_port,
-                       target=parts.request_uri, address=str(addresses[0]))
+    return Destination(
+        scheme=parts.scheme,
+        host=host,
+        port=parts.port or default_port,
+        target=parts.request_uri,
+        address=str(addresses[0]),
+    )
 
 
 def forbidden_destination(url: str, *, resolve: Resolver = resolve_host) -> str | None:

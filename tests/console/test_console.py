@@ -18,8 +18,14 @@ from tests.console_support import SECRET, MovableClock, console_config, csrf_of
 from tests.factories import add_attempt, insert_payment, park
 from tests.rows import letter, payment
 
-PAGES = ["/console/", "/console/payments", "/console/payments?status=FAILED",
-         "/console/dead-letters", "/console/reconciliation", "/console/webhooks"]
+PAGES = [
+    "/console/",
+    "/console/payments",
+    "/console/payments?status=FAILED",
+    "/console/dead-letters",
+    "/console/reconciliation",
+    "/console/webhooks",
+]
 
 
 @pytest.fixture
@@ -63,8 +69,10 @@ def page_token(client, url: str = "/console/dead-letters") -> str:
 
 # -- settings ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, value", [("CONSOLE_SECRET_KEY", "too-short"),
-                                         ("CONSOLE_SESSION_MINUTES", "0")])
+
+@pytest.mark.parametrize(
+    "name, value", [("CONSOLE_SECRET_KEY", "too-short"), ("CONSOLE_SESSION_MINUTES", "0")]
+)
 def test_console_settings_are_checked_at_start(name, value):
     with pytest.raises(ConfigError) as refused:
         Config.from_env({name: value})
@@ -78,13 +86,16 @@ def test_the_secret_key_stays_out_of_the_config_repr():
 
 # -- who may see it --------------------------------------------------------------
 
+
 def test_without_a_secret_key_there_is_no_console(client):
     assert client.get("/console/").status_code == 404
     assert client.get("/console/sign-in").status_code == 404
 
 
-@pytest.mark.parametrize("url", PAGES + ["/console/reconciliation/1",
-                                         "/console/payments/0193a000-0000-7000-8000-000000000000"])
+@pytest.mark.parametrize(
+    "url",
+    PAGES + ["/console/reconciliation/1", "/console/payments/0193a000-0000-7000-8000-000000000000"],
+)
 def test_no_page_without_a_session(browser, url):
     answer = browser.get(url)
     assert answer.status_code == 302
@@ -113,17 +124,21 @@ def test_an_unknown_key_is_refused(browser):
 
 
 def test_sign_in_goes_back_to_the_page_asked_for_but_never_off_the_console(browser, admin_key):
-    assert sign_in(browser, admin_key, next="/console/webhooks").headers["Location"] \
+    assert (
+        sign_in(browser, admin_key, next="/console/webhooks").headers["Location"]
         == "/console/webhooks"
+    )
     for elsewhere in ("https://evil.example/", "//evil.example/console/", "/v1/admin/x"):
         assert sign_in(browser, admin_key, next=elsewhere).headers["Location"] == "/console/"
 
 
 # -- the session cookie --------------------------------------------------------------
 
+
 def cookie_header(answer) -> str:
-    (header,) = [h for h in answer.headers.getlist("Set-Cookie")
-                 if h.startswith("paycron_console=")]
+    (header,) = [
+        h for h in answer.headers.getlist("Set-Cookie") if h.startswith("paycron_console=")
+    ]
     return header
 
 
@@ -131,16 +146,16 @@ def test_the_session_cookie_is_httponly_strict_and_scoped_to_the_console(browser
     header = cookie_header(sign_in(browser, admin_key))
     assert "HttpOnly" in header and "SameSite=Strict" in header and "Path=/console" in header
     assert "Secure" not in header  # localhost: plain http works for a developer
-    assert admin_key not in header and hashlib.sha256(admin_key.encode()).hexdigest() \
-        not in header
+    assert admin_key not in header and hashlib.sha256(admin_key.encode()).hexdigest() not in header
 
 
 def test_off_localhost_the_cookie_is_secure(console, admin_key):
     client = console.test_client()
     base = "https://console.example.com"
     token = csrf_of(client.get("/console/sign-in", base_url=base).get_data(as_text=True))
-    answer = client.post("/console/sign-in", base_url=base,
-                         data={"api_key": admin_key, "csrf_token": token})
+    answer = client.post(
+        "/console/sign-in", base_url=base, data={"api_key": admin_key, "csrf_token": token}
+    )
     assert answer.status_code == 302
     assert "Secure" in cookie_header(answer)
 
@@ -164,7 +179,8 @@ def test_the_session_expires_after_its_minutes_whatever_is_done_in_it(signed_in,
     answer = signed_in.get("/console/")
     assert answer.status_code == 302
     assert "Your session expired" in signed_in.get(answer.headers["Location"]).get_data(
-        as_text=True)
+        as_text=True
+    )
     assert signed_in.get("/console/").status_code == 302
 
 
@@ -175,7 +191,8 @@ def test_revoking_the_key_ends_its_session(signed_in, conn, admin_key):
     answer = signed_in.get("/console/payments")
     assert answer.status_code == 302
     assert "its API key was revoked" in signed_in.get(answer.headers["Location"]).get_data(
-        as_text=True)
+        as_text=True
+    )
 
 
 def test_a_revocation_reaches_a_session_as_it_reaches_the_api(config, conn, make_key):
@@ -205,6 +222,7 @@ def test_sign_out_ends_the_session(signed_in):
 
 # -- CSRF --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("token", [None, "", "forged"])
 def test_a_post_without_its_csrf_token_is_refused_and_changes_nothing(signed_in, conn, token):
     row = park(conn)
@@ -226,8 +244,9 @@ def test_another_sessions_token_is_refused(console, signed_in, conn, make_key):
     other = console.test_client()
     sign_in(other, make_key("ops-cy", admin=True))
     row = park(conn)
-    answer = signed_in.post(f"/console/dead-letters/{row['id']}/dismiss",
-                            data={"csrf_token": page_token(other)})
+    answer = signed_in.post(
+        f"/console/dead-letters/{row['id']}/dismiss", data={"csrf_token": page_token(other)}
+    )
     assert answer.status_code == 400
 
 
@@ -240,15 +259,28 @@ def test_the_overview_has_the_numbers_and_two_pictures(signed_in, conn):
     now = datetime.now(UTC)
     for n in range(3):
         row = insert_payment(conn, status="COMPLETED", due_at=now - timedelta(minutes=5 + n))
-        add_attempt(conn, row, attempt=1, outcome="SUCCEEDED",
-                    finished_at=now - timedelta(minutes=5 + n) + timedelta(seconds=2))
+        add_attempt(
+            conn,
+            row,
+            attempt=1,
+            outcome="SUCCEEDED",
+            finished_at=now - timedelta(minutes=5 + n) + timedelta(seconds=2),
+        )
     park(conn)
     html = signed_in.get("/console/").get_data(as_text=True)
-    for label in ("Backlog", "Oldest due pending", "Lateness p50", "Lateness p99",
-                  "Open dead letters", "Circuit", "Partitions ahead", "Awaiting the gateway",
-                  "Other processor"):
+    for label in (
+        "Backlog",
+        "Oldest due pending",
+        "Lateness p50",
+        "Lateness p99",
+        "Open dead letters",
+        "Circuit",
+        "Partitions ahead",
+        "Awaiting the gateway",
+        "Other processor",
+    ):
         assert label in html
-    assert html.count("<svg") == 2 and "<polyline" in html and "<rect class=\"bar\"" in html
+    assert html.count("<svg") == 2 and "<polyline" in html and '<rect class="bar"' in html
     assert "closed" in html and UTC_TIME.search(html)
 
 
@@ -263,10 +295,16 @@ def test_the_overview_numbers_are_read_once_per_interval(console, signed_in, con
 def test_find_a_payment_by_id_and_see_its_attempt_timeline(signed_in, conn):
     row = park(conn, in_doubt=True)
     first = datetime.now(UTC) - timedelta(minutes=10)
-    add_attempt(conn, row, attempt=1, outcome="AMBIGUOUS", error_code="timeout",
-                finished_at=first)
-    add_attempt(conn, row, attempt=2, outcome="RETRYABLE_ERROR", error_code="http_503",
-                gateway_ref="ch_123", finished_at=first + timedelta(minutes=1))
+    add_attempt(conn, row, attempt=1, outcome="AMBIGUOUS", error_code="timeout", finished_at=first)
+    add_attempt(
+        conn,
+        row,
+        attempt=2,
+        outcome="RETRYABLE_ERROR",
+        error_code="http_503",
+        gateway_ref="ch_123",
+        finished_at=first + timedelta(minutes=1),
+    )
     answer = signed_in.get("/console/payments", query_string={"id": str(row["id"]).upper()})
     assert answer.headers["Location"] == f"/console/payments/{row['id']}"
     html = signed_in.get(answer.headers["Location"]).get_data(as_text=True)
@@ -281,16 +319,23 @@ def test_find_a_payment_by_id_and_see_its_attempt_timeline(signed_in, conn):
 def test_payments_by_payer_ride_the_idempotency_index(signed_in, conn):
     rows = []
     for n in range(3):
-        row = insert_payment(conn, payer="acme", status="FAILED" if n == 1 else "PENDING",
-                             due_at=datetime.now(UTC) + timedelta(days=n))
-        conn.execute("INSERT INTO idempotency_keys (actor, key, request_hash, payment_id, due_at)"
-                     " VALUES ('acme', %s, '\\x00', %s, %s)", (f"k{n}", row["id"], row["due_at"]))
+        row = insert_payment(
+            conn,
+            payer="acme",
+            status="FAILED" if n == 1 else "PENDING",
+            due_at=datetime.now(UTC) + timedelta(days=n),
+        )
+        conn.execute(
+            "INSERT INTO idempotency_keys (actor, key, request_hash, payment_id, due_at)"
+            " VALUES ('acme', %s, '\\x00', %s, %s)",
+            (f"k{n}", row["id"], row["due_at"]),
+        )
         rows.append(row)
-    html = signed_in.get("/console/payments", query_string={"payer": "acme"}).get_data(
-        as_text=True)
+    html = signed_in.get("/console/payments", query_string={"payer": "acme"}).get_data(as_text=True)
     assert all(str(r["id"]) in html for r in rows)
-    html = signed_in.get("/console/payments", query_string={
-        "payer": "acme", "status": "FAILED"}).get_data(as_text=True)
+    html = signed_in.get(
+        "/console/payments", query_string={"payer": "acme", "status": "FAILED"}
+    ).get_data(as_text=True)
     assert str(rows[1]["id"]) in html and str(rows[0]["id"]) not in html
 
 
@@ -299,35 +344,34 @@ def test_payments_by_status_read_one_due_day_in_bounded_stretches(signed_in, con
 
     monkeypatch.setattr(reads, "DAY_SCAN", 4)
     monkeypatch.setattr(reads, "PAGE", 2)
-    day = datetime.now(UTC).replace(hour=1, minute=0, second=0, microsecond=0) \
-        + timedelta(days=2)
+    day = datetime.now(UTC).replace(hour=1, minute=0, second=0, microsecond=0) + timedelta(days=2)
     statuses = ["PENDING", "CANCELLED", "PENDING", "PENDING", "PENDING", "CANCELLED"]
-    rows = [insert_payment(conn, status=s, due_at=day + timedelta(minutes=i))
-            for i, s in enumerate(statuses)]
+    rows = [
+        insert_payment(conn, status=s, due_at=day + timedelta(minutes=i))
+        for i, s in enumerate(statuses)
+    ]
     query = {"status": "CANCELLED", "day": day.date().isoformat()}
     first = signed_in.get("/console/payments", query_string=query).get_data(as_text=True)
     assert str(rows[1]["id"]) in first and str(rows[5]["id"]) not in first
     assert "Read 4 payments" in first
-    cursor = re.search(r'cursor=([0-9a-f-]+)', first).group(1)
+    cursor = re.search(r"cursor=([0-9a-f-]+)", first).group(1)
     assert cursor == str(rows[3]["id"])  # the stretch ended at the 4th row read
     second = signed_in.get("/console/payments", query_string={**query, "cursor": cursor})
     html = second.get_data(as_text=True)
     assert str(rows[5]["id"]) in html and 'rel="next"' not in html
-    assert signed_in.get("/console/payments", query_string={"status": "BOGUS"}) \
-        .status_code == 400
-    assert signed_in.get("/console/payments", query_string={"day": "2026-13-01"}) \
-        .status_code == 400
+    assert signed_in.get("/console/payments", query_string={"status": "BOGUS"}).status_code == 400
+    assert signed_in.get("/console/payments", query_string={"day": "2026-13-01"}).status_code == 400
 
 
 def test_empty_states_say_so(signed_in):
-    assert "No open dead letters" in signed_in.get("/console/dead-letters").get_data(
-        as_text=True)
-    assert "No payment is awaiting the gateway" in signed_in.get(
-        "/console/dead-letters").get_data(as_text=True)
-    assert "No reconciliation has run yet" in signed_in.get(
-        "/console/reconciliation").get_data(as_text=True)
-    assert "No live webhook endpoints" in signed_in.get("/console/webhooks").get_data(
-        as_text=True)
+    assert "No open dead letters" in signed_in.get("/console/dead-letters").get_data(as_text=True)
+    assert "No payment is awaiting the gateway" in signed_in.get("/console/dead-letters").get_data(
+        as_text=True
+    )
+    assert "No reconciliation has run yet" in signed_in.get("/console/reconciliation").get_data(
+        as_text=True
+    )
+    assert "No live webhook endpoints" in signed_in.get("/console/webhooks").get_data(as_text=True)
     assert "Search by payment id" in signed_in.get("/console/payments").get_data(as_text=True)
 
 
@@ -342,18 +386,28 @@ def test_parked_in_doubt_is_listed_with_its_age(signed_in, conn):
 
 def test_payments_awaiting_the_gateway_are_listed_with_their_age(signed_in, conn):
     since = datetime.now(UTC) - timedelta(hours=3)
-    row = insert_payment(conn, status="AWAITING_GATEWAY", gateway_intent_id="pi_waits",
-                         awaiting_since=since, next_poll_at=since + timedelta(hours=4))
+    row = insert_payment(
+        conn,
+        status="AWAITING_GATEWAY",
+        gateway_intent_id="pi_waits",
+        awaiting_since=since,
+        next_poll_at=since + timedelta(hours=4),
+    )
     html = signed_in.get("/console/dead-letters").get_data(as_text=True)
     section = html.split('id="awaiting-title"')[1]
     assert str(row["id"]) in section and "pi_waits" in section and "3h" in section
 
 
 def test_reconciliation_runs_and_their_items(signed_in, conn):
-    run = conn.execute("INSERT INTO reconciliation_runs (day, source, finished_at, mismatches) "
-                       "VALUES ('2026-11-30', 'file', now(), 1) RETURNING id").fetchone()["id"]
-    conn.execute("INSERT INTO reconciliation_items (run_id, kind, charge_id, detail) "
-                 "VALUES (%s, 'UNKNOWN_REFERENCE', 'ch_zz', '{\"amount\": 5}')", (run,))
+    run = conn.execute(
+        "INSERT INTO reconciliation_runs (day, source, finished_at, mismatches) "
+        "VALUES ('2026-11-30', 'file', now(), 1) RETURNING id"
+    ).fetchone()["id"]
+    conn.execute(
+        "INSERT INTO reconciliation_items (run_id, kind, charge_id, detail) "
+        "VALUES (%s, 'UNKNOWN_REFERENCE', 'ch_zz', '{\"amount\": 5}')",
+        (run,),
+    )
     html = signed_in.get("/console/reconciliation").get_data(as_text=True)
     assert f"Run {run}" in html and "2026-11-30" in html
     html = signed_in.get(f"/console/reconciliation/{run}").get_data(as_text=True)
@@ -362,12 +416,16 @@ def test_reconciliation_runs_and_their_items(signed_in, conn):
 
 
 def test_webhook_endpoints_with_their_backlog_per_payer(signed_in, conn):
-    conn.execute("INSERT INTO webhook_endpoints (actor, url, secret) "
-                 "VALUES ('acme', 'https://hooks.acme.example/in', 'whsec_x')")
+    conn.execute(
+        "INSERT INTO webhook_endpoints (actor, url, secret) "
+        "VALUES ('acme', 'https://hooks.acme.example/in', 'whsec_x')"
+    )
     for _ in range(3):
         insert_payment(conn, payer="acme")
-        conn.execute("INSERT INTO payment_events (payment_id, payer, type, status, attempt) "
-                     "VALUES (gen_random_uuid(), 'acme', 'payment.created', 'PENDING', 0)")
+        conn.execute(
+            "INSERT INTO payment_events (payment_id, payer, type, status, attempt) "
+            "VALUES (gen_random_uuid(), 'acme', 'payment.created', 'PENDING', 0)"
+        )
     html = signed_in.get("/console/webhooks").get_data(as_text=True)
     assert "https://hooks.acme.example/in" in html
     assert "Endpoints of acme: 3 events waiting" in html
@@ -375,18 +433,24 @@ def test_webhook_endpoints_with_their_backlog_per_payer(signed_in, conn):
 
 # -- actions ------------------------------------------------------------------------------------
 
+
 def test_dismiss_is_confirmed_then_recorded_with_the_operator(signed_in, conn):
     row = park(conn)
     confirm = signed_in.get(f"/console/dead-letters/{row['id']}/dismiss")
     html = confirm.get_data(as_text=True)
     assert "Confirm dismiss" in html and "ops-ann" in html
     assert letter(conn, row["id"])["resolution"] is None  # the confirmation page changes nothing
-    answer = signed_in.post(f"/console/dead-letters/{row['id']}/dismiss",
-                            data={"csrf_token": csrf_of(html), "note": "customer paid by wire"})
+    answer = signed_in.post(
+        f"/console/dead-letters/{row['id']}/dismiss",
+        data={"csrf_token": csrf_of(html), "note": "customer paid by wire"},
+    )
     assert answer.status_code == 302
     closed = letter(conn, row["id"])
     assert (closed["resolution"], closed["resolved_by"], closed["note"]) == (
-        "DISMISSED", "ops-ann", "customer paid by wire")
+        "DISMISSED",
+        "ops-ann",
+        "customer paid by wire",
+    )
     html = signed_in.get("/console/dead-letters").get_data(as_text=True)
     assert f"{row['id']}: dismissed" in html and "No open dead letters" in html
 
@@ -405,13 +469,15 @@ def test_redrive_and_refund_through_the_gateway(signed_in, conn, gateway):
     # a second refund is refused, and says so
     signed_in.post(f"/console/dead-letters/{charged['id']}/refund", data={"csrf_token": token})
     assert "refused: the dead letter is already resolved" in signed_in.get(
-        "/console/dead-letters").get_data(as_text=True)
+        "/console/dead-letters"
+    ).get_data(as_text=True)
 
 
 def test_a_refund_with_no_charge_is_refused_and_leaves_the_letter_open(signed_in, conn, gateway):
     row = park(conn)
-    signed_in.post(f"/console/dead-letters/{row['id']}/refund",
-                   data={"csrf_token": page_token(signed_in)})
+    signed_in.post(
+        f"/console/dead-letters/{row['id']}/refund", data={"csrf_token": page_token(signed_in)}
+    )
     assert letter(conn, row["id"])["resolution"] is None
     assert "holds no charge" in signed_in.get("/console/dead-letters").get_data(as_text=True)
 
@@ -420,13 +486,16 @@ def test_a_selection_is_confirmed_then_re_driven(signed_in, conn, gateway):
     rows = [park(conn) for _ in range(3)]
     chosen = [str(rows[0]["id"]), str(rows[2]["id"])]
     token = page_token(signed_in)
-    confirm = signed_in.post("/console/dead-letters/redrive-selected",
-                             data={"csrf_token": token, "payment_id": chosen})
+    confirm = signed_in.post(
+        "/console/dead-letters/redrive-selected", data={"csrf_token": token, "payment_id": chosen}
+    )
     html = confirm.get_data(as_text=True)
     assert confirm.status_code == 200 and "Confirm re-drive of 2" in html
     assert all(letter(conn, r["id"])["resolution"] is None for r in rows)
-    signed_in.post("/console/dead-letters/redrive-selected",
-                   data={"csrf_token": token, "payment_id": chosen, "confirmed": "yes"})
+    signed_in.post(
+        "/console/dead-letters/redrive-selected",
+        data={"csrf_token": token, "payment_id": chosen, "confirmed": "yes"},
+    )
     assert [letter(conn, r["id"])["resolution"] for r in rows] == ["REDRIVEN", None, "REDRIVEN"]
 
 

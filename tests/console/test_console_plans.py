@@ -31,42 +31,76 @@ def plan(conn, name: str, params: dict, *, ddl: str | None = None) -> str:
         if ddl:
             conn.execute(ddl)
         conn.execute("SET LOCAL enable_seqscan = off")
-        return "\n".join(r["QUERY PLAN"] for r in conn.execute(
-            "EXPLAIN (COSTS OFF) " + QUERIES[name], params))
+        return "\n".join(
+            r["QUERY PLAN"] for r in conn.execute("EXPLAIN (COSTS OFF) " + QUERIES[name], params)
+        )
 
 
 def day_bounds(day):
-    return {"day_from": partitions.day_start(day),
-            "day_to": partitions.day_start(day + timedelta(days=1))}
+    return {
+        "day_from": partitions.day_start(day),
+        "day_to": partitions.day_start(day + timedelta(days=1)),
+    }
 
 
 #: query -> (its parameters, the index its plan must use)
 CASES = {
-    "lateness_histogram": ({"edges": [0.5, 1.0], "since": HOUR_AGO, "until": NOW},
-                           r"attempts_started_idx"),
+    "lateness_histogram": (
+        {"edges": [0.5, 1.0], "since": HOUR_AGO, "until": NOW},
+        r"attempts_started_idx",
+    ),
     "claims_per_minute": ({"since": HOUR_AGO, "until": NOW}, r"attempts_started_idx"),
     # the due window as an id range: the day's primary key, not its heap
-    "due_per_minute": ({"since": HOUR_AGO, "until": NOW, "id_from": reads.id_floor(HOUR_AGO),
-                        "id_to": reads.id_floor(NOW)},
-                       r"Index Only Scan using payments_p\d+_pkey"),
-    "payments_of_day": ({**day_bounds(TODAY), "after": uuid.UUID(int=0), "scan": 2000,
-                         "limit": 50, "status": "FAILED"}, r"Index Scan using payments_p\d+_pkey"),
+    "due_per_minute": (
+        {
+            "since": HOUR_AGO,
+            "until": NOW,
+            "id_from": reads.id_floor(HOUR_AGO),
+            "id_to": reads.id_floor(NOW),
+        },
+        r"Index Only Scan using payments_p\d+_pkey",
+    ),
+    "payments_of_day": (
+        {
+            **day_bounds(TODAY),
+            "after": uuid.UUID(int=0),
+            "scan": 2000,
+            "limit": 50,
+            "status": "FAILED",
+        },
+        r"Index Scan using payments_p\d+_pkey",
+    ),
     "payments_by_keys": ({"ids": [uuid.uuid4()], "due_ats": [NOW]}, r"payments_p\d+_pkey"),
     "events_of": ({"id": uuid.uuid4(), "limit": 200}, r"payment_events_payment_idx"),
     "refund_of": ({"id": uuid.uuid4()}, r"refunds_pkey"),
-    "open_letters_page": ({"after_created_at": "-infinity", "after_id": 0, "limit": 51},
-                          r"Index Scan using dead_letters_open_age_idx"),
-    "parked_in_doubt": ({"now": NOW, "limit": 50},
-                        r"Index Scan using payments_p\d+_due_at_id_idx"
-                        r"(.|\n)*dead_letters_open_\w*idx"),
-    "reconciliation_runs_page": ({"before_id": 2**62, "limit": 51},
-                                 r"Index Scan Backward using reconciliation_runs_pkey"),
+    "open_letters_page": (
+        {"after_created_at": "-infinity", "after_id": 0, "limit": 51},
+        r"Index Scan using dead_letters_open_age_idx",
+    ),
+    "parked_in_doubt": (
+        {"now": NOW, "limit": 50},
+        r"Index Scan using payments_p\d+_due_at_id_idx"
+        r"(.|\n)*dead_letters_open_\w*idx",
+    ),
+    "reconciliation_runs_page": (
+        {"before_id": 2**62, "limit": 51},
+        r"Index Scan Backward using reconciliation_runs_pkey",
+    ),
     "reconciliation_run": ({"id": 1}, r"reconciliation_runs_pkey"),
-    "reconciliation_items_page": ({"run_id": 1, "after_id": 0, "limit": 51},
-                                  r"reconciliation_items_run_idx"),
-    "webhook_backlog_page": ({"after_actor": "", "after_created_at": "-infinity",
-                              "after_id": uuid.UUID(int=0), "count_cap": 1001, "limit": 51},
-                             r"webhook_endpoints_actor_idx(.|\n)*payment_events_feed_idx"),
+    "reconciliation_items_page": (
+        {"run_id": 1, "after_id": 0, "limit": 51},
+        r"reconciliation_items_run_idx",
+    ),
+    "webhook_backlog_page": (
+        {
+            "after_actor": "",
+            "after_created_at": "-infinity",
+            "after_id": uuid.UUID(int=0),
+            "count_cap": 1001,
+            "limit": 51,
+        },
+        r"webhook_endpoints_actor_idx(.|\n)*payment_events_feed_idx",
+    ),
 }
 
 
@@ -96,8 +130,11 @@ def test_parked_in_doubt_lists_only_what_waits(conn):
     insert_payment(conn, status="FAILED", in_doubt=False)
     insert_payment(conn, in_doubt=True)  # pending, in doubt: the engine's, not a human's
     closed = park(conn, in_doubt=True)
-    conn.execute("UPDATE dead_letters SET resolution = 'DISMISSED', resolved_at = now() "
-                 "WHERE payment_id = %s", (closed["id"],))
+    conn.execute(
+        "UPDATE dead_letters SET resolution = 'DISMISSED', resolved_at = now() "
+        "WHERE payment_id = %s",
+        (closed["id"],),
+    )
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")
         rows = reads.waiting(conn, "parked_in_doubt", now=datetime.now(UTC))
@@ -106,24 +143,36 @@ def test_parked_in_doubt_lists_only_what_waits(conn):
 
 def partitions_planned(conn, name: str, params: dict) -> set[str]:
     with conn.transaction(force_rollback=True):
-        lines = [r["QUERY PLAN"] for r in conn.execute(
-            "EXPLAIN (ANALYZE, COSTS OFF) " + QUERIES[name], params)]
+        lines = [
+            r["QUERY PLAN"]
+            for r in conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + QUERIES[name], params)
+        ]
     return scanned_partitions(lines)
 
 
 def test_payment_queries_touch_only_the_days_they_name(conn):
     future_day = TODAY + timedelta(days=3)
     row = insert_payment(conn, due_at=partitions.day_start(future_day) + timedelta(hours=1))
-    assert partitions_planned(conn, "payments_of_day", {
-        **day_bounds(future_day), "after": uuid.UUID(int=0), "scan": 10, "limit": 5,
-        "status": None}) == {partitions.partition_name(future_day)}
-    assert partitions_planned(conn, "payments_by_keys", {
-        "ids": [row["id"]], "due_ats": [row["due_at"]]}) == {
-        partitions.partition_name(future_day)}
+    assert partitions_planned(
+        conn,
+        "payments_of_day",
+        {
+            **day_bounds(future_day),
+            "after": uuid.UUID(int=0),
+            "scan": 10,
+            "limit": 5,
+            "status": None,
+        },
+    ) == {partitions.partition_name(future_day)}
+    assert partitions_planned(
+        conn, "payments_by_keys", {"ids": [row["id"]], "due_ats": [row["due_at"]]}
+    ) == {partitions.partition_name(future_day)}
     assert partitions_planned(conn, "due_per_minute", CASES["due_per_minute"][0]) <= {
-        partitions.partition_name(HOUR_AGO.date()), partitions.partition_name(TODAY)}
+        partitions.partition_name(HOUR_AGO.date()),
+        partitions.partition_name(TODAY),
+    }
     # the waiting lists read every day up to now, and no day after it
-    past_and_today = {partitions.partition_name(d) for d in partitions.existing_days(conn)
-                      if d <= TODAY}
-    assert partitions_planned(conn, "parked_in_doubt", {"now": NOW, "limit": 5}) \
-        == past_and_today
+    past_and_today = {
+        partitions.partition_name(d) for d in partitions.existing_days(conn) if d <= TODAY
+    }
+    assert partitions_planned(conn, "parked_in_doubt", {"now": NOW, "limit": 5}) == past_and_today

@@ -16,9 +16,14 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _check_values(conn) -> set[str]:
-    (definition,) = conn.execute(
-        "SELECT pg_get_constraintdef(oid) AS d FROM pg_constraint"
-        " WHERE conname = 'payment_events_type_check'").fetchone().values()
+    (definition,) = (
+        conn.execute(
+            "SELECT pg_get_constraintdef(oid) AS d FROM pg_constraint"
+            " WHERE conname = 'payment_events_type_check'"
+        )
+        .fetchone()
+        .values()
+    )
     return set(re.findall(r"'([^']+)'", definition))
 
 
@@ -32,6 +37,7 @@ def test_a_type_outside_the_enum_is_refused_by_the_schema(conn):
 
 
 def test_the_readme_documents_every_type():
-    documented = set(re.findall(r"^\| `((?:payment|attempt)\.[a-z_]+)` \|", README.read_text(),
-                                re.MULTILINE))
+    documented = set(
+        re.findall(r"^\| `((?:payment|attempt)\.[a-z_]+)` \|", README.read_text(), re.MULTILINE)
+    )
     assert documented == {t.value for t in EventType}

@@ -5,12 +5,15 @@ import pytest
 from paycron.domain.ids import due_range, new_payment_id, parse_payment_id
 
 
-@pytest.mark.parametrize("due_at", [
-    datetime(2026, 12, 1, 0, 0, 0, tzinfo=UTC),
-    datetime(2026, 12, 1, 0, 0, 0, 1000, tzinfo=UTC),  # exactly on a millisecond edge
-    datetime(2026, 12, 1, 23, 59, 59, 999999, tzinfo=UTC),
-    datetime(2027, 6, 30, 12, 0, 0, 123456, tzinfo=UTC),
-])
+@pytest.mark.parametrize(
+    "due_at",
+    [
+        datetime(2026, 12, 1, 0, 0, 0, tzinfo=UTC),
+        datetime(2026, 12, 1, 0, 0, 0, 1000, tzinfo=UTC),  # exactly on a millisecond edge
+        datetime(2026, 12, 1, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2027, 6, 30, 12, 0, 0, 123456, tzinfo=UTC),
+    ],
+)
 def test_the_id_carries_its_due_range(due_at):
     payment_id = new_payment_id(due_at)
     start, end = due_range(payment_id)
@@ -25,11 +28,17 @@ def test_ids_are_random_beyond_the_due_time():
     assert len(ids) == 1000
 
 
-@pytest.mark.parametrize("text", [
-    "not-a-uuid", "", "123", "00000000-0000-0000-0000-000000000000",
-    "6ba7b810-9dad-11d1-80b4-00c04fd430c8",  # a v1 uuid
-    "{0192f5a1-0000-7000-8000-000000000000}",  # braces are not our form
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not-a-uuid",
+        "",
+        "123",
+        "00000000-0000-0000-0000-000000000000",
+        "6ba7b810-9dad-11d1-80b4-00c04fd430c8",  # a v1 uuid
+        "{0192f5a1-0000-7000-8000-000000000000}",  # braces are not our form
+    ],
+)
 def test_malformed_ids_are_rejected(text):
     assert parse_payment_id(text) is None
 

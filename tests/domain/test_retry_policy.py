@@ -51,24 +51,36 @@ ANSWERS = {
     "succeeded": CallResult(Outcome.SUCCEEDED, gateway_ref="ch_1"),
     "declined": CallResult(Outcome.DECLINED, error_code="card_declined"),
     "429": CallResult(Outcome.RATE_LIMITED, error_code="rate_limited"),
-    "429-retry-after-30s": CallResult(Outcome.RATE_LIMITED, error_code="rate_limited",
-                                      retry_after=30.0),
-    "key_in_use": CallResult(Outcome.KEY_IN_USE, error_code="idempotency_key_in_use",
-                             in_doubt=True),
+    "429-retry-after-30s": CallResult(
+        Outcome.RATE_LIMITED, error_code="rate_limited", retry_after=30.0
+    ),
+    "key_in_use": CallResult(
+        Outcome.KEY_IN_USE, error_code="idempotency_key_in_use", in_doubt=True
+    ),
     "not_sent": CallResult(Outcome.NOT_SENT, error_code="lease_too_short"),
     "refused": CallResult(Outcome.RETRYABLE_ERROR, error_code="NewConnectionError"),
     "http_503": CallResult(Outcome.RETRYABLE_ERROR, error_code="http_503", in_doubt=True),
     "timeout": CallResult(Outcome.AMBIGUOUS, error_code="ReadTimeoutError", in_doubt=True),
     # Stripe's answers (paycron.processors.stripe.client's table) beside the fake's.
-    "retry_decline": CallResult(Outcome.DECLINED, gateway_ref="pi_1", error_code="try_again_later",
-                                retry_decline=True),
-    "customer_action": CallResult(Outcome.DECLINED, gateway_ref="pi_1",
-                                  error_code="authentication_required",
-                                  failure_reason=FailureReason.CUSTOMER_ACTION_REQUIRED),
-    "invalid_request": CallResult(Outcome.REJECTED, error_code="resource_missing",
-                                  failure_reason=FailureReason.INVALID_REQUEST),
-    "idempotency_error": CallResult(Outcome.REJECTED, error_code="idempotency_error",
-                                    failure_reason=FailureReason.GATEWAY_REJECTED),
+    "retry_decline": CallResult(
+        Outcome.DECLINED, gateway_ref="pi_1", error_code="try_again_later", retry_decline=True
+    ),
+    "customer_action": CallResult(
+        Outcome.DECLINED,
+        gateway_ref="pi_1",
+        error_code="authentication_required",
+        failure_reason=FailureReason.CUSTOMER_ACTION_REQUIRED,
+    ),
+    "invalid_request": CallResult(
+        Outcome.REJECTED,
+        error_code="resource_missing",
+        failure_reason=FailureReason.INVALID_REQUEST,
+    ),
+    "idempotency_error": CallResult(
+        Outcome.REJECTED,
+        error_code="idempotency_error",
+        failure_reason=FailureReason.GATEWAY_REJECTED,
+    ),
     "auth_failed": CallResult(Outcome.AUTH_FAILED, error_code="http_401"),
     "processing": CallResult(Outcome.SUBMITTED, gateway_ref="pi_1"),
 }
@@ -89,13 +101,35 @@ K1 = (1.0, 1.0 * SPREAD)  # the 1st 409: a second, doubling per 409 in a row
 KCAP = (KEY_IN_USE_MAX_DELAY, KEY_IN_USE_MAX_DELAY * SPREAD)  # the 9th on: capped
 
 
-def case(answer, failures, doubt, status, failures_after, doubt_after, reason, lookup, delay,
-         *, streak=0, streak_after=0):
+def case(
+    answer,
+    failures,
+    doubt,
+    status,
+    failures_after,
+    doubt_after,
+    reason,
+    lookup,
+    delay,
+    *,
+    streak=0,
+    streak_after=0,
+):
     streak_id = f"-{streak}inarow" if streak else ""
     return pytest.param(
-        answer, failures, doubt, streak, status, failures_after, doubt_after, reason, lookup,
-        delay, streak_after,
-        id=f"{answer}-{failures}failed{streak_id}-{'in_doubt' if doubt else 'sure'}")
+        answer,
+        failures,
+        doubt,
+        streak,
+        status,
+        failures_after,
+        doubt_after,
+        reason,
+        lookup,
+        delay,
+        streak_after,
+        id=f"{answer}-{failures}failed{streak_id}-{'in_doubt' if doubt else 'sure'}",
+    )
 
 
 #: answer, failures before, in doubt before (, 409s in a row before) ->
@@ -274,33 +308,76 @@ def test_the_tables_sit_on_the_edges():
     assert {row.values[1] for row in DECIDE} == {0, BUDGET - 2, BUDGET - 1, BUDGET}
     assert {row.values[0] for row in DECIDE} == set(ANSWERS)
     assert {row.values[0] for row in LEASE_EXPIRY} == {
-        0, CONFIG.max_lease_expiries - 2, CONFIG.max_lease_expiries - 1,
-        CONFIG.max_lease_expiries}
+        0,
+        CONFIG.max_lease_expiries - 2,
+        CONFIG.max_lease_expiries - 1,
+        CONFIG.max_lease_expiries,
+    }
 
 
-@pytest.mark.parametrize("answer,failures,doubt,streak,status,failures_after,doubt_after,"
-                         "reason,lookup,delay,streak_after", DECIDE)
-def test_decide(answer, failures, doubt, streak, status, failures_after, doubt_after, reason,
-                lookup, delay, streak_after):
+@pytest.mark.parametrize(
+    "answer,failures,doubt,streak,status,failures_after,doubt_after,"
+    "reason,lookup,delay,streak_after",
+    DECIDE,
+)
+def test_decide(
+    answer,
+    failures,
+    doubt,
+    streak,
+    status,
+    failures_after,
+    doubt_after,
+    reason,
+    lookup,
+    delay,
+    streak_after,
+):
     low, high = delay
     for seed in SEEDS:
-        d = decide(ANSWERS[answer], failures=failures, in_doubt=doubt, key_in_use=streak,
-                   config=CONFIG, rng=random.Random(seed))
-        assert (d.status, d.failures, d.in_doubt, d.failure_reason, d.needs_lookup,
-                d.key_in_use) == (status, failures_after, doubt_after, reason, lookup,
-                                  streak_after)
+        d = decide(
+            ANSWERS[answer],
+            failures=failures,
+            in_doubt=doubt,
+            key_in_use=streak,
+            config=CONFIG,
+            rng=random.Random(seed),
+        )
+        assert (
+            d.status,
+            d.failures,
+            d.in_doubt,
+            d.failure_reason,
+            d.needs_lookup,
+            d.key_in_use,
+        ) == (status, failures_after, doubt_after, reason, lookup, streak_after)
         assert low <= d.delay <= high, d.delay
     # The same seed replays the same delay.
-    again = [decide(ANSWERS[answer], failures=failures, in_doubt=doubt, key_in_use=streak,
-                    config=CONFIG, rng=random.Random(seed)).delay for seed in (3, 3)]
+    again = [
+        decide(
+            ANSWERS[answer],
+            failures=failures,
+            in_doubt=doubt,
+            key_in_use=streak,
+            config=CONFIG,
+            rng=random.Random(seed),
+        ).delay
+        for seed in (3, 3)
+    ]
     assert again[0] == again[1]
 
 
 def expiry(lease_expiries, in_doubt, in_flight, status, reason, doubt_after):
     return pytest.param(
-        lease_expiries, in_doubt, in_flight, status, reason, doubt_after,
+        lease_expiries,
+        in_doubt,
+        in_flight,
+        status,
+        reason,
+        doubt_after,
         id=f"{lease_expiries}expired-{'in_doubt' if in_doubt else 'sure'}"
-           f"-{'call_in_flight' if in_flight else 'no_call'}")
+        f"-{'call_in_flight' if in_flight else 'no_call'}",
+    )
 
 
 #: lease expiries before, in doubt before, call in flight -> status, failure
@@ -327,18 +404,21 @@ LEASE_EXPIRY = [
 ]
 
 
-@pytest.mark.parametrize("lease_expiries,doubt,in_flight,status,reason,doubt_after",
-                         LEASE_EXPIRY)
+@pytest.mark.parametrize("lease_expiries,doubt,in_flight,status,reason,doubt_after", LEASE_EXPIRY)
 def test_after_lease_expiry(lease_expiries, doubt, in_flight, status, reason, doubt_after):
-    d = after_lease_expiry(lease_expiries=lease_expiries, failures=2, in_doubt=doubt,
-                           call_in_flight=in_flight, config=CONFIG)
+    d = after_lease_expiry(
+        lease_expiries=lease_expiries,
+        failures=2,
+        in_doubt=doubt,
+        call_in_flight=in_flight,
+        config=CONFIG,
+    )
     # Expiries cost no budget (the call may never have been made) and wait for nothing.
     assert d == Decision(status, failures=2, in_doubt=doubt_after, failure_reason=reason)
 
 
 EXHAUSTED = Decision(F, failures=4, in_doubt=True, failure_reason=EXH, needs_lookup=True)
-TENTH_409 = Decision(P, delay=60.0, failures=1, in_doubt=True, needs_lookup=True,
-                     key_in_use=10)
+TENTH_409 = Decision(P, delay=60.0, failures=1, in_doubt=True, needs_lookup=True, key_in_use=10)
 REJECTED = Decision(F, failures=2, in_doubt=True, failure_reason=REJ, needs_lookup=True)
 CHARGED = Lookup(Answer.CHARGED, charge=Charge("ch_1", "p", 2500, "USD", "succeeded"))
 PROCESSING_ = Lookup(Answer.PROCESSING, charge=Charge("ch_1", "p", 2500, "USD", "processing"))
@@ -347,94 +427,148 @@ NONE_YET = Lookup(Answer.NONE, conclusive=False)
 NONE = Lookup(Answer.NONE, conclusive=True)
 
 
-@pytest.mark.parametrize("before,lookup,after", [
-    # A charge found completes, whatever was about to happen.
-    pytest.param(EXHAUSTED, CHARGED, Decision(C, failures=4), id="exhausted-charged"),
-    pytest.param(TENTH_409, CHARGED, Decision(C, failures=1), id="tenth_409-charged"),
-    pytest.param(REJECTED, CHARGED, Decision(C, failures=2), id="rejected-charged"),
-    # Another amount, currency or customer: parked for a human, doubt kept, key kept.
-    pytest.param(EXHAUSTED, MISMATCHED,
-                 Decision(F, failures=4, in_doubt=True, failure_reason=MIS),
-                 id="exhausted-mismatched"),
-    pytest.param(TENTH_409, MISMATCHED,
-                 Decision(F, failures=1, in_doubt=True, failure_reason=MIS),
-                 id="tenth_409-mismatched"),
-    # Still processing there: it waits for the processor's outcome.
-    pytest.param(EXHAUSTED, PROCESSING_, Decision(AW, failures=4), id="exhausted-processing"),
-    pytest.param(TENTH_409, PROCESSING_, Decision(AW, failures=1), id="tenth_409-processing"),
-    # None, while a call may still land: the decision stands, in doubt.
-    pytest.param(EXHAUSTED, NONE_YET,
-                 Decision(F, failures=4, in_doubt=True, failure_reason=EXH),
-                 id="exhausted-none-yet-parks-in-doubt"),
-    pytest.param(TENTH_409, NONE_YET,
-                 Decision(P, delay=60.0, failures=1, in_doubt=True, key_in_use=10),
-                 id="tenth_409-none-yet-asks-again-in-doubt"),
-    pytest.param(REJECTED, NONE_YET,
-                 Decision(F, failures=2, in_doubt=True, failure_reason=REJ),
-                 id="rejected-none-yet-parks-in-doubt"),
-    # A conclusive none settles the doubt; a payment to be called again
-    # moves to its next key generation, a parked one keeps its key.
-    pytest.param(EXHAUSTED, NONE, Decision(F, failures=4, failure_reason=EXH),
-                 id="exhausted-none-parks-sure"),
-    pytest.param(TENTH_409, NONE, Decision(P, delay=0.0, failures=1, next_key=True),
-                 id="tenth_409-none-next-key-at-once"),
-    pytest.param(REJECTED, NONE, Decision(F, failures=2, failure_reason=REJ),
-                 id="rejected-none-parks-sure"),
-])
+@pytest.mark.parametrize(
+    "before,lookup,after",
+    [
+        # A charge found completes, whatever was about to happen.
+        pytest.param(EXHAUSTED, CHARGED, Decision(C, failures=4), id="exhausted-charged"),
+        pytest.param(TENTH_409, CHARGED, Decision(C, failures=1), id="tenth_409-charged"),
+        pytest.param(REJECTED, CHARGED, Decision(C, failures=2), id="rejected-charged"),
+        # Another amount, currency or customer: parked for a human, doubt kept, key kept.
+        pytest.param(
+            EXHAUSTED,
+            MISMATCHED,
+            Decision(F, failures=4, in_doubt=True, failure_reason=MIS),
+            id="exhausted-mismatched",
+        ),
+        pytest.param(
+            TENTH_409,
+            MISMATCHED,
+            Decision(F, failures=1, in_doubt=True, failure_reason=MIS),
+            id="tenth_409-mismatched",
+        ),
+        # Still processing there: it waits for the processor's outcome.
+        pytest.param(EXHAUSTED, PROCESSING_, Decision(AW, failures=4), id="exhausted-processing"),
+        pytest.param(TENTH_409, PROCESSING_, Decision(AW, failures=1), id="tenth_409-processing"),
+        # None, while a call may still land: the decision stands, in doubt.
+        pytest.param(
+            EXHAUSTED,
+            NONE_YET,
+            Decision(F, failures=4, in_doubt=True, failure_reason=EXH),
+            id="exhausted-none-yet-parks-in-doubt",
+        ),
+        pytest.param(
+            TENTH_409,
+            NONE_YET,
+            Decision(P, delay=60.0, failures=1, in_doubt=True, key_in_use=10),
+            id="tenth_409-none-yet-asks-again-in-doubt",
+        ),
+        pytest.param(
+            REJECTED,
+            NONE_YET,
+            Decision(F, failures=2, in_doubt=True, failure_reason=REJ),
+            id="rejected-none-yet-parks-in-doubt",
+        ),
+        # A conclusive none settles the doubt; a payment to be called again
+        # moves to its next key generation, a parked one keeps its key.
+        pytest.param(
+            EXHAUSTED,
+            NONE,
+            Decision(F, failures=4, failure_reason=EXH),
+            id="exhausted-none-parks-sure",
+        ),
+        pytest.param(
+            TENTH_409,
+            NONE,
+            Decision(P, delay=0.0, failures=1, next_key=True),
+            id="tenth_409-none-next-key-at-once",
+        ),
+        pytest.param(
+            REJECTED,
+            NONE,
+            Decision(F, failures=2, failure_reason=REJ),
+            id="rejected-none-parks-sure",
+        ),
+    ],
+)
 def test_after_lookup(before, lookup, after):
     assert after_lookup(before, lookup) == after
 
 
-def charge(status="succeeded", amount=2500, currency="USD", reference="p", customer=None,
-           id="ch_1"):
+def charge(
+    status="succeeded", amount=2500, currency="USD", reference="p", customer=None, id="ch_1"
+):
     return Charge(id, reference, amount, currency, status, customer=customer)
 
 
-@pytest.mark.parametrize("found,answer", [
-    pytest.param([], Answer.NONE, id="nothing"),
-    pytest.param([charge()], Answer.CHARGED, id="succeeded"),
-    pytest.param([charge("refunded")], Answer.CHARGED, id="refunded-is-charged"),
-    pytest.param([charge(currency="usd")], Answer.CHARGED, id="currency-case"),
-    pytest.param([charge("processing")], Answer.PROCESSING, id="processing"),
-    pytest.param([charge("failed")], Answer.NONE, id="failed-proves-nothing"),
-    pytest.param([charge(reference="other")], Answer.NONE, id="another-reference"),
-    pytest.param([charge(amount=9999)], Answer.MISMATCHED, id="another-amount"),
-    pytest.param([charge(currency="EUR")], Answer.MISMATCHED, id="another-currency"),
-    pytest.param([charge(customer="cus_other")], Answer.MISMATCHED, id="another-customer"),
-    pytest.param([charge("processing", amount=9999)], Answer.MISMATCHED,
-                 id="another-amount-processing"),
-    pytest.param([charge("failed", amount=9999)], Answer.NONE, id="another-amount-failed"),
-    pytest.param([charge("failed", id="a"), charge(id="b")], Answer.CHARGED,
-                 id="a-later-generation-charged"),
-    pytest.param([charge(amount=9999, id="a"), charge(id="b")], Answer.CHARGED,
-                 id="charged-beats-mismatched"),
-    pytest.param([charge("processing", id="a"), charge(amount=1, id="b")], Answer.MISMATCHED,
-                 id="mismatched-beats-processing"),
-])
+@pytest.mark.parametrize(
+    "found,answer",
+    [
+        pytest.param([], Answer.NONE, id="nothing"),
+        pytest.param([charge()], Answer.CHARGED, id="succeeded"),
+        pytest.param([charge("refunded")], Answer.CHARGED, id="refunded-is-charged"),
+        pytest.param([charge(currency="usd")], Answer.CHARGED, id="currency-case"),
+        pytest.param([charge("processing")], Answer.PROCESSING, id="processing"),
+        pytest.param([charge("failed")], Answer.NONE, id="failed-proves-nothing"),
+        pytest.param([charge(reference="other")], Answer.NONE, id="another-reference"),
+        pytest.param([charge(amount=9999)], Answer.MISMATCHED, id="another-amount"),
+        pytest.param([charge(currency="EUR")], Answer.MISMATCHED, id="another-currency"),
+        pytest.param([charge(customer="cus_other")], Answer.MISMATCHED, id="another-customer"),
+        pytest.param(
+            [charge("processing", amount=9999)], Answer.MISMATCHED, id="another-amount-processing"
+        ),
+        pytest.param([charge("failed", amount=9999)], Answer.NONE, id="another-amount-failed"),
+        pytest.param(
+            [charge("failed", id="a"), charge(id="b")],
+            Answer.CHARGED,
+            id="a-later-generation-charged",
+        ),
+        pytest.param(
+            [charge(amount=9999, id="a"), charge(id="b")],
+            Answer.CHARGED,
+            id="charged-beats-mismatched",
+        ),
+        pytest.param(
+            [charge("processing", id="a"), charge(amount=1, id="b")],
+            Answer.MISMATCHED,
+            id="mismatched-beats-processing",
+        ),
+    ],
+)
 def test_judge_lookup_gives_four_answers(found, answer):
-    lookup = judge_lookup(found, payment_id="p", amount=2500, currency="USD",
-                          customer="cus_1", conclusive=True)
+    lookup = judge_lookup(
+        found, payment_id="p", amount=2500, currency="USD", customer="cus_1", conclusive=True
+    )
     assert lookup.answer is answer
 
 
 def test_two_charged_payments_for_one_id_are_reported():
-    lookup = judge_lookup([charge(id="a"), charge(id="b")], payment_id="p", amount=2500,
-                          currency="USD", conclusive=True)
+    lookup = judge_lookup(
+        [charge(id="a"), charge(id="b")],
+        payment_id="p",
+        amount=2500,
+        currency="USD",
+        conclusive=True,
+    )
     assert (lookup.charge.id, [c.id for c in lookup.extra]) == ("a", ["b"])
 
 
 def test_none_is_conclusive_only_when_told():
-    assert not judge_lookup([], payment_id="p", amount=1, currency="USD",
-                            conclusive=False).conclusive
+    assert not judge_lookup(
+        [], payment_id="p", amount=1, currency="USD", conclusive=False
+    ).conclusive
 
 
-@pytest.mark.parametrize("failures,base", [
-    pytest.param(1, 60.0, id="1st-failure-1st-delay"),
-    pytest.param(2, 300.0, id="2nd-failure-2nd-delay"),
-    pytest.param(3, 1800.0, id="3rd-failure-last-delay"),
-    pytest.param(4, 1800.0, id="past-the-schedule-stays-on-the-last-delay"),
-    pytest.param(10, 1800.0, id="far-past-the-schedule"),
-])
+@pytest.mark.parametrize(
+    "failures,base",
+    [
+        pytest.param(1, 60.0, id="1st-failure-1st-delay"),
+        pytest.param(2, 300.0, id="2nd-failure-2nd-delay"),
+        pytest.param(3, 1800.0, id="3rd-failure-last-delay"),
+        pytest.param(4, 1800.0, id="past-the-schedule-stays-on-the-last-delay"),
+        pytest.param(10, 1800.0, id="far-past-the-schedule"),
+    ],
+)
 def test_backoff_jitters_within_its_bounds(failures, base):
     delays = [backoff(failures, CONFIG, random.Random(seed)) for seed in range(200)]
     assert all(base * 0.8 <= d <= base * 1.2 for d in delays)
@@ -446,18 +580,29 @@ def test_backoff_jitters_within_its_bounds(failures, base):
 def test_backoff_without_jitter_is_the_schedule():
     flat = Config(retry_delays=(60.0, 300.0, 1800.0), retry_jitter=0.0)
     assert [backoff(n, flat, random.Random(1)) for n in (1, 2, 3, 4)] == [
-        60.0, 300.0, 1800.0, 1800.0]
+        60.0,
+        300.0,
+        1800.0,
+        1800.0,
+    ]
 
 
-@pytest.mark.parametrize("polls,delay", [(0, 300.0), (1, 1800.0), (2, 7200.0), (3, 43200.0),
-                                         (4, 43200.0), (50, 43200.0)])
+@pytest.mark.parametrize(
+    "polls,delay", [(0, 300.0), (1, 1800.0), (2, 7200.0), (3, 43200.0), (4, 43200.0), (50, 43200.0)]
+)
 def test_a_waiting_payment_is_polled_with_backing_off_intervals(polls, delay):
     assert next_poll_delay(polls, Config(gateway_poll_seconds=300.0)) == delay
 
 
-@pytest.mark.parametrize("status,settlement", [
-    ("succeeded", Settlement.COMPLETED), ("refunded", Settlement.COMPLETED),
-    ("failed", Settlement.FAILED), ("processing", Settlement.WAITING),
-    ("requires_capture", Settlement.WAITING)])
+@pytest.mark.parametrize(
+    "status,settlement",
+    [
+        ("succeeded", Settlement.COMPLETED),
+        ("refunded", Settlement.COMPLETED),
+        ("failed", Settlement.FAILED),
+        ("processing", Settlement.WAITING),
+        ("requires_capture", Settlement.WAITING),
+    ],
+)
 def test_what_a_retrieved_payment_settles(status, settlement):
     assert settlement_of(charge(status)) is settlement

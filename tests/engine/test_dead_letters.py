@@ -16,8 +16,11 @@ from tests.rows import letter, payment
 
 @pytest.fixture
 def cli(config, gateway):
-    env = {"DATABASE_URL": config.database_url, "REDIS_URL": config.redis_url,
-           "GATEWAY_URL": gateway.url}
+    env = {
+        "DATABASE_URL": config.database_url,
+        "REDIS_URL": config.redis_url,
+        "GATEWAY_URL": gateway.url,
+    }
 
     def run(*args, ok=True):
         result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
@@ -40,15 +43,22 @@ def test_show_has_the_attempt_history(cli, conn):
     row = park(conn)
     first = datetime.now(UTC) - timedelta(minutes=10)
     for n in range(1, 7):
-        add_attempt(conn, row, attempt=n, outcome="RETRYABLE_ERROR", error_code="http_503",
-                    finished_at=first + timedelta(minutes=n))
+        add_attempt(
+            conn,
+            row,
+            attempt=n,
+            outcome="RETRYABLE_ERROR",
+            error_code="http_503",
+            finished_at=first + timedelta(minutes=n),
+        )
     shown = json.loads(cli("dlq", "show", str(row["id"])).output)
     assert shown["payment"]["status"] == "FAILED"
-    assert [(a["attempt"], a["outcome"], a["error_code"])
-            for a in shown["payment"]["attempts"]] == [
-        (n, "RETRYABLE_ERROR", "http_503") for n in range(1, 7)]
+    assert [
+        (a["attempt"], a["outcome"], a["error_code"]) for a in shown["payment"]["attempts"]
+    ] == [(n, "RETRYABLE_ERROR", "http_503") for n in range(1, 7)]
     assert [(d["reason"], d["last_error"]) for d in shown["dead_letters"]] == [
-        ("RETRIES_EXHAUSTED", "http_503")]
+        ("RETRIES_EXHAUSTED", "http_503")
+    ]
 
 
 def test_redrive_of_a_charged_payment_collapses_into_the_original_charge(cli, conn, gateway):
@@ -58,24 +68,29 @@ def test_redrive_of_a_charged_payment_collapses_into_the_original_charge(cli, co
     assert "completed" in out
     done = payment(conn, row["id"])
     assert done["status"] == "COMPLETED" and done["attempt"] == 7
-    last = conn.execute("SELECT * FROM attempts WHERE payment_id = %s AND attempt = 7",
-                        (row["id"],)).fetchone()
+    last = conn.execute(
+        "SELECT * FROM attempts WHERE payment_id = %s AND attempt = 7", (row["id"],)
+    ).fetchone()
     assert (last["outcome"], last["gateway_ref"]) == ("FOUND_BY_LOOKUP", charge["id"])
     dead = letter(conn, row["id"])
     assert (dead["resolution"], dead["resolved_by"]) == ("COMPLETED", "ops-ann")
     assert gateway.charges_per_key() == {str(row["id"]): 1}
 
 
-def test_redrive_without_a_charge_gets_a_fresh_budget_and_the_next_key(cli, conn, gateway,
-                                                                        config):
+def test_redrive_without_a_charge_gets_a_fresh_budget_and_the_next_key(cli, conn, gateway, config):
     # In doubt, but every call is past its in-flight bound: the lookup's
     # "none" is conclusive, and the processor may replay a stored answer for
     # the old key, so the re-drive charges under the next generation.
     row = park(conn, in_doubt=True, calls_land_by=datetime.now(UTC) - timedelta(seconds=1))
     cli("dlq", "redrive", str(row["id"]), "--by", "ops-ann")
     again = payment(conn, row["id"])
-    assert (again["status"], again["failures"], again["failure_reason"], again["in_doubt"],
-            again["key_generation"]) == ("PENDING", 0, None, False, 2)
+    assert (
+        again["status"],
+        again["failures"],
+        again["failure_reason"],
+        again["in_doubt"],
+        again["key_generation"],
+    ) == ("PENDING", 0, None, False, 2)
     assert letter(conn, row["id"])["resolution"] == "REDRIVEN"
     engine = Engine(config)
     try:
@@ -127,8 +142,10 @@ def test_refund_goes_through_the_gateway_once_and_is_audited(cli, conn, gateway)
     after = payment(conn, row["id"])
     assert after["refunded_at"] is not None and after["status"] == "FAILED"
     assert letter(conn, row["id"])["resolution"] == "REFUNDED"
-    types = [r["type"] for r in conn.execute(
-        "SELECT type FROM payment_events WHERE payment_id = %s", (row["id"],))]
+    types = [
+        r["type"]
+        for r in conn.execute("SELECT type FROM payment_events WHERE payment_id = %s", (row["id"],))
+    ]
     assert types == ["payment.refunded"]
     # a second refund is refused: the letter is resolved
     assert cli("dlq", "refund", str(row["id"]), ok=False).exit_code != 0
@@ -146,6 +163,9 @@ def test_dismiss_records_who_and_why(cli, conn):
     cli("dlq", "dismiss", str(row["id"]), "--by", "ops-cy", "--note", "customer left")
     dead = letter(conn, row["id"])
     assert (dead["resolution"], dead["resolved_by"], dead["note"]) == (
-        "DISMISSED", "ops-cy", "customer left")
+        "DISMISSED",
+        "ops-cy",
+        "customer left",
+    )
     assert dead["resolved_at"] is not None
     assert cli("dlq", "list").output.strip() == ""

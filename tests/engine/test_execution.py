@@ -31,7 +31,9 @@ def test_future_and_cancelled_payments_are_not_claimed(engine, conn, gateway):
     cancelled = insert_payment(conn, status="CANCELLED")
     assert engine.sweep() == []
     assert (payment(conn, future["id"])["status"], payment(conn, future["id"])["attempt"]) == (
-        "PENDING", 0)
+        "PENDING",
+        0,
+    )
     assert payment(conn, cancelled["id"])["status"] == "CANCELLED"
     assert event_types(conn, future["id"]) == event_types(conn, cancelled["id"]) == []
 
@@ -40,8 +42,7 @@ def test_a_duplicated_message_calls_the_gateway_once(engine, conn, gateway):
     row = insert_payment(conn)
     [(claims, _)] = engine.sweep()
     gateway.faults(latency_ms=200)  # both copies are in flight at once
-    threads = [threading.Thread(target=engine.executor.execute, args=(claims,))
-               for _ in range(3)]
+    threads = [threading.Thread(target=engine.executor.execute, args=(claims,)) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -92,8 +93,10 @@ def test_six_retryable_failures_park_with_the_full_history(engine, conn, gateway
     # its last call may still land, so inDoubt is kept and its event says the
     # outcome is unknown (a client must not re-create it as if it failed).
     assert done["calls_land_by"] > datetime.now(UTC)
-    failed = conn.execute("SELECT data FROM payment_events WHERE payment_id = %s "
-                          "AND type = 'payment.failed'", (row["id"],)).fetchone()
+    failed = conn.execute(
+        "SELECT data FROM payment_events WHERE payment_id = %s AND type = 'payment.failed'",
+        (row["id"],),
+    ).fetchone()
     assert failed["data"]["outcomeUnknown"] is True
     assert [c.outcomes for c in rounds] == [{"RETRYABLE_ERROR": 1}] * 6
 

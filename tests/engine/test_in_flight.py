@@ -45,10 +45,16 @@ def make_executor(config, scripted):
         pool = make_pool(config, max_size=2, name="test-in-flight")
         gateway = RecordingGateway(scripted.url, timeout=config.gateway_timeout_seconds)
         extra = {"clock": clock} if clock else {}
-        executor = Executor(config=config, pool=pool, gateway=gateway, call_limiter=None,
-                            breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url),
-                                                   config),
-                            calls=calls, **extra, **kwargs)
+        executor = Executor(
+            config=config,
+            pool=pool,
+            gateway=gateway,
+            call_limiter=None,
+            breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url), config),
+            calls=calls,
+            **extra,
+            **kwargs,
+        )
         made.append(executor)
         return executor
 
@@ -113,16 +119,23 @@ def test_key_in_use_costs_no_budget_and_is_looked_up_after_ten(conn, scripted, m
     """An earlier call with this key still runs at the processor: every 409
     is in doubt, spends nothing, and after ten in a row the payment is asked
     about by reference; still nothing found, it waits on, budget intact."""
-    scripted.answers[2500] = (409, {}, json.dumps(
-        {"error": {"code": "idempotency_key_in_use"}}).encode())
+    scripted.answers[2500] = (
+        409,
+        {},
+        json.dumps({"error": {"code": "idempotency_key_in_use"}}).encode(),
+    )
     row = insert_payment(conn)
     executor = make_executor()
     for streak in range(1, KEY_IN_USE_LOOKUP_AFTER + 1):
         conn.execute("UPDATE payments SET run_at = due_at WHERE id = %s", (row["id"],))
         executor.execute(claim_due(conn, limit=1, lease_seconds=30))
         after = payment(conn, row["id"])
-        assert (after["status"], after["failures"], after["in_doubt"],
-                after["key_in_use"]) == ("PENDING", 0, True, streak)
+        assert (after["status"], after["failures"], after["in_doubt"], after["key_in_use"]) == (
+            "PENDING",
+            0,
+            True,
+            streak,
+        )
     lookups = [r for r in scripted.requests if r[0] == "GET"]
     assert len(lookups) == 1  # at the tenth, not before
     assert {a["outcome"] for a in attempts_of(conn, row["id"])} == {"KEY_IN_USE"}
@@ -132,8 +145,15 @@ def test_key_in_use_costs_no_budget_and_is_looked_up_after_ten(conn, scripted, m
 def test_a_key_in_use_then_found_completes(conn, scripted, make_executor, status):
     scripted.answers[2500] = (409, {}, b"{}")
     row = insert_payment(conn, key_in_use=KEY_IN_USE_LOOKUP_AFTER - 1, in_doubt=True)
-    scripted.charges[str(row["id"])] = [{"id": "ch_9", "reference": str(row["id"]),
-                                         "amount": 2500, "currency": "USD", "status": status}]
+    scripted.charges[str(row["id"])] = [
+        {
+            "id": "ch_9",
+            "reference": str(row["id"]),
+            "amount": 2500,
+            "currency": "USD",
+            "status": status,
+        }
+    ]
     make_executor().execute(claim_due(conn, limit=1, lease_seconds=30))
     after = payment(conn, row["id"])
     assert (after["status"], after["in_doubt"]) == ("COMPLETED", False)
@@ -198,28 +218,37 @@ def test_a_failed_group_frees_its_room_too():
     assert executor.ran == [2] and limit.held == 0
 
 
-@pytest.mark.parametrize(("found", "status", "reason"), [
-    # another amount or currency: "mismatched", parked for a human, never a new key
-    ({"amount": 9999, "currency": "USD", "status": "succeeded"}, "FAILED", "LOOKUP_MISMATCH"),
-    ({"amount": 2500, "currency": "EUR", "status": "succeeded"}, "FAILED", "LOOKUP_MISMATCH"),
-    # not charged, or in a status that is none of ours: proves nothing
-    ({"amount": 2500, "currency": "USD", "status": "failed"}, "PENDING", None),
-    ({"amount": 2500, "currency": "USD", "status": "pending"}, "PENDING", None),
-])
-def test_a_lookup_completes_only_on_this_payments_charge(conn, scripted, make_executor, found,
-                                                         status, reason):
+@pytest.mark.parametrize(
+    ("found", "status", "reason"),
+    [
+        # another amount or currency: "mismatched", parked for a human, never a new key
+        ({"amount": 9999, "currency": "USD", "status": "succeeded"}, "FAILED", "LOOKUP_MISMATCH"),
+        ({"amount": 2500, "currency": "EUR", "status": "succeeded"}, "FAILED", "LOOKUP_MISMATCH"),
+        # not charged, or in a status that is none of ours: proves nothing
+        ({"amount": 2500, "currency": "USD", "status": "failed"}, "PENDING", None),
+        ({"amount": 2500, "currency": "USD", "status": "pending"}, "PENDING", None),
+    ],
+)
+def test_a_lookup_completes_only_on_this_payments_charge(
+    conn, scripted, make_executor, found, status, reason
+):
     scripted.answers[2500] = (409, {}, b"{}")
     row = insert_payment(conn, key_in_use=KEY_IN_USE_LOOKUP_AFTER - 1, in_doubt=True)
     scripted.charges[str(row["id"])] = [{"id": "ch_x", "reference": str(row["id"]), **found}]
     make_executor().execute(claim_due(conn, limit=1, lease_seconds=30))
     after = payment(conn, row["id"])
-    assert (after["status"], after["failure_reason"], after["in_doubt"],
-            after["key_generation"]) == (status, reason, True, 1)
+    assert (
+        after["status"],
+        after["failure_reason"],
+        after["in_doubt"],
+        after["key_generation"],
+    ) == (status, reason, True, 1)
     assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["KEY_IN_USE"]
 
 
 def test_an_absurd_lookup_answer_does_not_lose_the_groups_outcomes(
-        conn, scripted, make_executor, monkeypatch):
+    conn, scripted, make_executor, monkeypatch
+):
     """One payment's lookup answers garbage; its neighbour's success is still
     recorded and the looked-up one waits on, in doubt."""
     scripted.answers[2500] = (409, {}, b"{}")
@@ -227,8 +256,11 @@ def test_an_absurd_lookup_answer_does_not_lose_the_groups_outcomes(
     looked_up = insert_payment(conn, key_in_use=KEY_IN_USE_LOOKUP_AFTER - 1, in_doubt=True)
     neighbour = insert_payment(conn, amount_minor=111)
     executor = make_executor()
-    monkeypatch.setattr(executor.gateway, "find_charges",
-                        lambda request: (_ for _ in ()).throw(TypeError("not JSON")))
+    monkeypatch.setattr(
+        executor.gateway,
+        "find_charges",
+        lambda request: (_ for _ in ()).throw(TypeError("not JSON")),
+    )
     executor.execute(claim_due(conn, limit=2, lease_seconds=30))
     assert payment(conn, neighbour["id"])["status"] == "COMPLETED"
     after = payment(conn, looked_up["id"])

@@ -27,8 +27,13 @@ REPLAYED_500 = (500, {"Idempotent-Replayed": "true"}, b'{"error": {"type": "api_
 def executor(config, scripted):
     pool = make_pool(config, max_size=2, name="test-bound")
     gateway = HttpGateway(scripted.url, timeout=config.gateway_timeout_seconds)
-    made = Executor(config=config, pool=pool, gateway=gateway, call_limiter=None,
-                    breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url), config))
+    made = Executor(
+        config=config,
+        pool=pool,
+        gateway=gateway,
+        call_limiter=None,
+        breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url), config),
+    )
     yield made
     gateway.close()
     pool.close()
@@ -39,12 +44,17 @@ def bound_after(conn, row_id):
     return payment(conn, row_id)["calls_land_by"] - started
 
 
-@pytest.mark.parametrize("answer", [
-    (503, {}, b"{}"),  # may have executed
-    (409, {}, b"{}"),  # a call under the key runs right now: it lands within the same bound
-], ids=["503", "409"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (503, {}, b"{}"),  # may have executed
+        (409, {}, b"{}"),  # a call under the key runs right now: it lands within the same bound
+    ],
+    ids=["503", "409"],
+)
 def test_a_call_that_may_land_moves_the_bound_past_its_lease_timeout_and_margin(
-        conn, config, scripted, executor, answer):
+    conn, config, scripted, executor, answer
+):
     scripted.answers[2500] = answer
     row = insert_payment(conn)
     executor.execute(claim_due(conn, limit=1, lease_seconds=config.lease_seconds))
@@ -52,27 +62,37 @@ def test_a_call_that_may_land_moves_the_bound_past_its_lease_timeout_and_margin(
     assert config.in_flight_bound_seconds == 30 + 2 + 600
 
 
-@pytest.mark.parametrize("answer", [
-    OK,  # definitive
-    (402, {}, b'{"error": {"code": "card_declined"}}'),  # definitive
-    (429, {}, b"{}"),  # never executed
-    REPLAYED_500,  # the stored answer of an earlier call
-], ids=["success", "decline", "429", "replayed-500"])
-def test_an_answer_that_cannot_land_later_leaves_the_bound(conn, config, scripted, executor,
-                                                             answer):
+@pytest.mark.parametrize(
+    "answer",
+    [
+        OK,  # definitive
+        (402, {}, b'{"error": {"code": "card_declined"}}'),  # definitive
+        (429, {}, b"{}"),  # never executed
+        REPLAYED_500,  # the stored answer of an earlier call
+    ],
+    ids=["success", "decline", "429", "replayed-500"],
+)
+def test_an_answer_that_cannot_land_later_leaves_the_bound(
+    conn, config, scripted, executor, answer
+):
     scripted.answers[2500] = answer
     row = insert_payment(conn)
     executor.execute(claim_due(conn, limit=1, lease_seconds=config.lease_seconds))
     assert payment(conn, row["id"])["calls_land_by"] is None
 
 
-def test_a_replayed_500_is_resolved_by_lookup_not_by_resending(conn, config, scripted,
-                                                               executor):
+def test_a_replayed_500_is_resolved_by_lookup_not_by_resending(conn, config, scripted, executor):
     scripted.answers[2500] = REPLAYED_500
     row = insert_payment(conn, in_doubt=True)
-    scripted.charges[str(row["id"])] = [{"id": "ch_9", "reference": str(row["id"]),
-                                         "amount": 2500, "currency": "USD",
-                                         "status": "succeeded"}]
+    scripted.charges[str(row["id"])] = [
+        {
+            "id": "ch_9",
+            "reference": str(row["id"]),
+            "amount": 2500,
+            "currency": "USD",
+            "status": "succeeded",
+        }
+    ]
     executor.execute(claim_due(conn, limit=1, lease_seconds=config.lease_seconds))
     after = payment(conn, row["id"])
     assert (after["status"], after["in_doubt"]) == ("COMPLETED", False)
@@ -83,8 +103,9 @@ def test_a_reaped_call_in_flight_moves_the_bound(conn, config, executor):
     row = insert_payment(conn)
     [claim] = claim_due(conn, limit=1, lease_seconds=config.lease_seconds)
     start(executor.pool, [claim], lease_seconds=config.lease_seconds)
-    conn.execute("UPDATE payments SET lease_until = now() - interval '1 second' WHERE id = %s",
-                 (row["id"],))
+    conn.execute(
+        "UPDATE payments SET lease_until = now() - interval '1 second' WHERE id = %s", (row["id"],)
+    )
     reap_expired(conn, limit=10, config=config)
     after = payment(conn, row["id"])
     assert after["in_doubt"] and after["in_doubt_since"] is not None
@@ -95,36 +116,51 @@ def old_doubt(conn, config, *, bound_passed: bool):
     """In doubt since longer than the processor keeps a key (less the bound)."""
     since = datetime.now(UTC) - timedelta(seconds=config.gateway_key_retention_seconds)
     bound = datetime.now(UTC) + timedelta(seconds=-1 if bound_passed else 300)
-    return insert_payment(conn, in_doubt=True, in_doubt_since=since, calls_land_by=bound,
-                          failures=2)
+    return insert_payment(
+        conn, in_doubt=True, in_doubt_since=since, calls_land_by=bound, failures=2
+    )
 
 
 def test_an_old_doubt_is_looked_up_before_it_is_called(conn, config, scripted, executor):
     scripted.answers[2500] = OK
     row = old_doubt(conn, config, bound_passed=True)
-    scripted.charges[str(row["id"])] = [{"id": "ch_7", "reference": str(row["id"]),
-                                         "amount": 2500, "currency": "USD",
-                                         "status": "succeeded"}]
+    scripted.charges[str(row["id"])] = [
+        {
+            "id": "ch_7",
+            "reference": str(row["id"]),
+            "amount": 2500,
+            "currency": "USD",
+            "status": "succeeded",
+        }
+    ]
     executor.execute(claim_due(conn, limit=1, lease_seconds=config.lease_seconds))
     assert scripted.charge_requests() == 0
     assert payment(conn, row["id"])["status"] == "COMPLETED"
     assert [(a["outcome"], a["gateway_ref"]) for a in attempts_of(conn, row["id"])] == [
-        ("FOUND_BY_LOOKUP", "ch_7")]
+        ("FOUND_BY_LOOKUP", "ch_7")
+    ]
 
 
 def test_an_old_doubt_found_nothing_conclusively_is_called_under_the_next_key(
-        conn, config, scripted, executor):
+    conn, config, scripted, executor
+):
     scripted.answers[2500] = OK
     row = old_doubt(conn, config, bound_passed=True)
     executor.execute(claim_due(conn, limit=1, lease_seconds=config.lease_seconds))
     assert scripted.charge_requests() == 0  # looked up, not called
     after = payment(conn, row["id"])
     assert (after["status"], after["in_doubt"], after["key_generation"], after["failures"]) == (
-        "PENDING", False, 2, 2)
+        "PENDING",
+        False,
+        2,
+        2,
+    )
     executor.execute(claim_due(conn, limit=1, lease_seconds=config.lease_seconds))
     assert payment(conn, row["id"])["status"] == "COMPLETED"
     assert [a["gateway_key"] for a in attempts_of(conn, row["id"])] == [
-        str(row["id"]), f"{row['id']}:2"]
+        str(row["id"]),
+        f"{row['id']}:2",
+    ]
 
 
 def test_an_old_doubt_not_yet_conclusive_waits_for_the_bound(conn, config, scripted, executor):
@@ -137,8 +173,9 @@ def test_an_old_doubt_not_yet_conclusive_waits_for_the_bound(conn, config, scrip
     assert after["run_at"] >= after["calls_land_by"]
 
 
-def test_a_payment_of_another_processor_is_neither_claimed_nor_called(conn, config, scripted,
-                                                                       executor):
+def test_a_payment_of_another_processor_is_neither_claimed_nor_called(
+    conn, config, scripted, executor
+):
     scripted.answers[2500] = OK
     row = insert_payment(conn, processor="stripe", in_doubt=True)
     assert claim_due(conn, limit=10, lease_seconds=30, processor="fake") == []
@@ -152,16 +189,24 @@ def test_a_payment_of_another_processor_is_neither_claimed_nor_called(conn, conf
 
 @pytest.mark.parametrize("earlier", ["never in doubt", "in doubt, bound passed"])
 def test_the_call_that_exhausts_the_budget_keeps_its_lookup_inconclusive(
-        conn, config, scripted, executor, earlier):
+    conn, config, scripted, executor, earlier
+):
     # The last call of the budget gets a 503 (it may have charged) and the
     # lookup before parking finds nothing. That call's own bound is ahead:
     # the none is not conclusive, so the payment parks in doubt (a re-drive
     # under the next key, or a cancel, would let that call charge too).
     scripted.answers[2500] = (503, {}, b"{}")
     past = datetime.now(UTC) - timedelta(hours=1)
-    row = insert_payment(conn, failures=5, attempt=5, **(
-        {} if earlier == "never in doubt"
-        else {"in_doubt": True, "in_doubt_since": past, "calls_land_by": past}))
+    row = insert_payment(
+        conn,
+        failures=5,
+        attempt=5,
+        **(
+            {}
+            if earlier == "never in doubt"
+            else {"in_doubt": True, "in_doubt_since": past, "calls_land_by": past}
+        ),
+    )
     executor.execute(claim_due(conn, limit=1, lease_seconds=config.lease_seconds))
     after = payment(conn, row["id"])
     assert (after["status"], after["failure_reason"]) == ("FAILED", "RETRIES_EXHAUSTED")

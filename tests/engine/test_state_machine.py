@@ -81,8 +81,10 @@ PARKED = {FailureReason.RETRIES_EXHAUSTED, FailureReason.LEASE_EXPIRED_REPEATEDL
 #: Attempt outcomes that say the gateway holds a charge.
 CHARGE_OUTCOMES = {Outcome.SUCCEEDED, Outcome.FOUND_BY_LOOKUP, Outcome.RECONCILED}
 #: The only ways out of a terminal status, and the step that may take each.
-REOPENINGS = {(Status.FAILED, Status.PENDING): "redrive",
-              (Status.FAILED, Status.COMPLETED): "complete"}
+REOPENINGS = {
+    (Status.FAILED, Status.PENDING): "redrive",
+    (Status.FAILED, Status.COMPLETED): "complete",
+}
 
 #: A payment told to wait less than this may come due while a sequence runs
 #: (a 429 without Retry-After, a 409): the model is not sure when it is due.
@@ -91,14 +93,24 @@ SOON_SECONDS = 60.0
 NOTHING, CHARGED, DECLINED = "nothing", "charged", "declined"
 #: What a call can do at the gateway, given what the key already holds
 #: (None: never answered). A key answered once replays that answer.
-EFFECTS = {None: (NOTHING, CHARGED, DECLINED), CHARGED: (NOTHING, CHARGED),
-           DECLINED: (NOTHING, DECLINED)}
+EFFECTS = {
+    None: (NOTHING, CHARGED, DECLINED),
+    CHARGED: (NOTHING, CHARGED),
+    DECLINED: (NOTHING, DECLINED),
+}
 #: The answers a call can get back, given what it did at the gateway.
 ANSWERS = {
     CHARGED: ("succeeded", "http_503", "timeout"),
     DECLINED: ("declined", "http_503", "timeout"),
-    NOTHING: ("rate_limited", "rate_limited_120s", "refused", "http_503", "timeout",
-              "key_in_use", "not_sent"),
+    NOTHING: (
+        "rate_limited",
+        "rate_limited_120s",
+        "refused",
+        "http_503",
+        "timeout",
+        "key_in_use",
+        "not_sent",
+    ),
 }
 
 
@@ -161,8 +173,10 @@ class Payment:
     changed_last: bool = False
 
     def __repr__(self) -> str:  # what a failing sequence prints
-        return (f"Payment({str(self.id)[:13]}, {self.status}, attempt={self.attempt}, "
-                f"in_doubt={self.in_doubt}, key={self.key})")
+        return (
+            f"Payment({str(self.id)[:13]}, {self.status}, attempt={self.attempt}, "
+            f"in_doubt={self.in_doubt}, key={self.key})"
+        )
 
     def _repr_pretty_(self, printer, cycle):  # hypothesis prints draws with this hook
         printer.text(repr(self))
@@ -170,8 +184,7 @@ class Payment:
     @property
     def ready(self) -> bool:
         """Surely due: claim_due must take it (when its limit leaves room)."""
-        return (self.status is Status.PENDING and self.due_now and not self.waiting
-                and not self.soon)
+        return self.status is Status.PENDING and self.due_now and not self.waiting and not self.soon
 
     @property
     def maybe_ready(self) -> bool:
@@ -196,8 +209,10 @@ class Held:
     effect: str | None = None  # a reaped in-flight call's effect at the gateway
 
     def __repr__(self) -> str:
-        return (f"Held({str(self.claim.payment_id)[:13]}, attempt={self.claim.attempt}, "
-                f"started={self.row is not None}, reaped={self.reaped}, effect={self.effect})")
+        return (
+            f"Held({str(self.claim.payment_id)[:13]}, attempt={self.claim.attempt}, "
+            f"started={self.row is not None}, reaped={self.reaped}, effect={self.effect})"
+        )
 
     _repr_pretty_ = Payment._repr_pretty_
 
@@ -215,8 +230,13 @@ class ModelGateway:
         payment_id = uuid.UUID(reference)
         if self.payments[payment_id].key != CHARGED:
             return None
-        return Charge(id=charge_ref(payment_id), reference=reference, amount=2500,
-                      currency="USD", status="succeeded")
+        return Charge(
+            id=charge_ref(payment_id),
+            reference=reference,
+            amount=2500,
+            currency="USD",
+            status="succeeded",
+        )
 
 
 #: Each payment with everything the invariants look at, in one round trip.
@@ -259,8 +279,10 @@ class PaymentMachine(RuleBasedStateMachine):
             ids = list(self.payments)
             for table in ("attempts", "payment_events", "dead_letters"):
                 self.conn.execute(f"DELETE FROM {table} WHERE payment_id = ANY(%s)", (ids,))
-            self.conn.execute("DELETE FROM payments WHERE id = ANY(%s) AND due_at = ANY(%s)",
-                              (ids, [p.due_at for p in self.payments.values()]))
+            self.conn.execute(
+                "DELETE FROM payments WHERE id = ANY(%s) AND due_at = ANY(%s)",
+                (ids, [p.due_at for p in self.payments.values()]),
+            )
 
     def _keys(self) -> dict:
         return {"ids": list(self.payments), "dues": [p.due_at for p in self.payments.values()]}
@@ -272,8 +294,13 @@ class PaymentMachine(RuleBasedStateMachine):
     @staticmethod
     def _decide(held: Held, result: CallResult):
         """The executor's decision, from the row its worker started with."""
-        return decide(result, failures=held.row["failures"], in_doubt=held.row["in_doubt"],
-                      key_in_use=held.row["key_in_use"], config=CONFIG)
+        return decide(
+            result,
+            failures=held.row["failures"],
+            in_doubt=held.row["in_doubt"],
+            key_in_use=held.row["key_in_use"],
+            config=CONFIG,
+        )
 
     def _draw_call(self, data, payment: Payment) -> str:
         """One call's effect at the gateway; the key remembers a definitive one."""
@@ -294,8 +321,11 @@ class PaymentMachine(RuleBasedStateMachine):
         return payment.status is Status.PROCESSING and payment.attempt == held.claim.attempt
 
     def _holder(self, payment: Payment) -> Held:
-        return next(h for h in self.held
-                    if h.claim.payment_id == payment.id and h.claim.attempt == payment.attempt)
+        return next(
+            h
+            for h in self.held
+            if h.claim.payment_id == payment.id and h.claim.attempt == payment.attempt
+        )
 
     # -- rules ------------------------------------------------------------------------
 
@@ -304,8 +334,11 @@ class PaymentMachine(RuleBasedStateMachine):
         for one in due_now:
             self.create(one)
 
-    @precondition(lambda self: sum(p.due_now and not p.status.terminal
-                                   for p in self.payments.values()) < MAX_LIVE)
+    @precondition(
+        lambda self: (
+            sum(p.due_now and not p.status.terminal for p in self.payments.values()) < MAX_LIVE
+        )
+    )
     @rule(due_now=DUE_NOW)
     def create(self, due_now):
         self.step = "create"
@@ -339,12 +372,15 @@ class PaymentMachine(RuleBasedStateMachine):
         """A message's claims started (also stale claims and duplicated messages)."""
         self.step = "start"
         fresh = [h for h in self.held if h.row is None and self._current(h)]
-        group = data.draw(st.lists(one_or_any(fresh, self.held), min_size=1, max_size=2,
-                                   unique_by=id), label="group")
+        group = data.draw(
+            st.lists(one_or_any(fresh, self.held), min_size=1, max_size=2, unique_by=id),
+            label="group",
+        )
         fenced = [h for h in group if self._current(h)]
         expected = {h.claim.payment_id for h in fenced if h.row is None}
-        rows = transitions.start(self.pool, [h.claim for h in group],
-                                 lease_seconds=LEASE_SECONDS, worker="model")
+        rows = transitions.start(
+            self.pool, [h.claim for h in group], lease_seconds=LEASE_SECONDS, worker="model"
+        )
         assert {r["id"] for r in rows} == expected, (group, rows)
         for h in fenced:  # the fence renews the lease, also for a duplicate
             payment = self.payments[h.claim.payment_id]
@@ -354,27 +390,35 @@ class PaymentMachine(RuleBasedStateMachine):
             held = next(h for h in fenced if h.claim.payment_id == row["id"])
             payment = self.payments[row["id"]]
             assert (row["attempt"], row["failures"], row["in_doubt"], row["key_in_use"]) == (
-                payment.attempt, payment.failures, payment.in_doubt, payment.key_in_use)
+                payment.attempt,
+                payment.failures,
+                payment.in_doubt,
+                payment.key_in_use,
+            )
             held.row = row
             payment.attempts[row["attempt"]] = Outcome.IN_FLIGHT
 
-    @precondition(lambda self: any(h.row and not h.finished and self._current(h)
-                                   for h in self.held))
+    @precondition(
+        lambda self: any(h.row and not h.finished and self._current(h) for h in self.held)
+    )
     @rule(data=st.data())
     def finish(self, data):
         """The holders of current attempts call the gateway and record the outcomes."""
         self.step = "finish"
         holders = [h for h in self.held if h.row and not h.finished and self._current(h)]
-        group = data.draw(st.lists(st.sampled_from(holders), min_size=1, max_size=2,
-                                   unique_by=id), label="holders")
+        group = data.draw(
+            st.lists(st.sampled_from(holders), min_size=1, max_size=2, unique_by=id),
+            label="holders",
+        )
         done = []
         for held in group:
             payment = self.payments[held.claim.payment_id]
             effect = self._draw_call(data, payment)
             answer = data.draw(st.sampled_from(ANSWERS[effect]), label="answer")
             result = call_result(answer, payment.id)
-            done.append(self._with_lookup(data, Finished(held.row, result, self._decide(
-                held, result))))
+            done.append(
+                self._with_lookup(data, Finished(held.row, result, self._decide(held, result)))
+            )
         recorded = {r["id"]: r for r in transitions.finish(self.pool, done)}
         rows = self._rows([d.row["id"] for d in done])
         for held, item in zip(group, done, strict=True):
@@ -389,8 +433,9 @@ class PaymentMachine(RuleBasedStateMachine):
                 # Back after exactly the decided delay (never before it is due).
                 row = rows[payment.id]
                 wait = timedelta(seconds=decision.delay)
-                assert abs(row["run_at"] - max(row["due_at"], row["updated_at"] + wait)) \
-                    <= timedelta(microseconds=1), (row, decision)
+                assert abs(
+                    row["run_at"] - max(row["due_at"], row["updated_at"] + wait)
+                ) <= timedelta(microseconds=1), (row, decision)
                 payment.soon = 0 < decision.delay < SOON_SECONDS
                 payment.waiting = decision.delay >= SOON_SECONDS
             payment.changed(decision.status)
@@ -420,8 +465,9 @@ class PaymentMachine(RuleBasedStateMachine):
         payment.attempts[held.claim.attempt] = done.result.outcome
         payment.events.append((EventType.ATTEMPT_FINISHED, "UNCHANGED", held.claim.attempt))
 
-    @precondition(lambda self: any(p.status is Status.PENDING and p.attempt
-                                   for p in self.payments.values()))
+    @precondition(
+        lambda self: any(p.status is Status.PENDING and p.attempt for p in self.payments.values())
+    )
     @rule(data=st.data(), actor=st.sampled_from(["alice"] * 7 + ["bob"]))
     def cancel(self, data, actor):
         """The payer cancels (now and then another payer tries: it does not exist for them).
@@ -430,7 +476,8 @@ class PaymentMachine(RuleBasedStateMachine):
         retried = [p for p in self.payments.values() if p.status is Status.PENDING and p.attempt]
         payment = data.draw(one_or_any(retried, list(self.payments.values())), label="payment")
         expected = {
-            Status.PENDING: CancelOutcome.OUTCOME_IN_DOUBT if payment.in_doubt
+            Status.PENDING: CancelOutcome.OUTCOME_IN_DOUBT
+            if payment.in_doubt
             else CancelOutcome.CANCELLED,
             Status.PROCESSING: CancelOutcome.ALREADY_PROCESSING,
             Status.COMPLETED: CancelOutcome.ALREADY_COMPLETED,
@@ -444,28 +491,40 @@ class PaymentMachine(RuleBasedStateMachine):
         if expected is CancelOutcome.CANCELLED and payment.status is Status.PENDING:
             payment.changed(Status.CANCELLED)
 
-    @precondition(lambda self: any(p.status is Status.PROCESSING and not p.lease_forced
-                                   for p in self.payments.values()))
+    @precondition(
+        lambda self: any(
+            p.status is Status.PROCESSING and not p.lease_forced for p in self.payments.values()
+        )
+    )
     @rule(data=st.data())
     def expire_lease(self, data):
         """Time passes for one lease: moved into the past in SQL, no sleeping."""
         self.step = "expire_lease"
-        live = [p for p in self.payments.values()
-                if p.status is Status.PROCESSING and not p.lease_forced]
+        live = [
+            p
+            for p in self.payments.values()
+            if p.status is Status.PROCESSING and not p.lease_forced
+        ]
         payment = data.draw(st.sampled_from(live), label="payment")
-        self.conn.execute("UPDATE payments SET lease_until = now() - interval '1 second' "
-                          "WHERE id = %s AND due_at = %s AND status = 'PROCESSING'",
-                          (payment.id, payment.due_at))
+        self.conn.execute(
+            "UPDATE payments SET lease_until = now() - interval '1 second' "
+            "WHERE id = %s AND due_at = %s AND status = 'PROCESSING'",
+            (payment.id, payment.due_at),
+        )
         payment.lease_forced = True
 
-    @precondition(lambda self: any(p.status is Status.PROCESSING and p.lease_forced
-                                   for p in self.payments.values()))
+    @precondition(
+        lambda self: any(
+            p.status is Status.PROCESSING and p.lease_forced for p in self.payments.values()
+        )
+    )
     @rule(data=st.data())
     def reap(self, data):
         self.step = "reap"
         rows = {r["id"]: r for r in reap(self.conn, CONFIG)}
-        expired = [p for p in self.payments.values()
-                   if p.status is Status.PROCESSING and p.lease_forced]
+        expired = [
+            p for p in self.payments.values() if p.status is Status.PROCESSING and p.lease_forced
+        ]
         assert set(rows) == {p.id for p in expired}, rows
         for payment in expired:
             holder = self._holder(payment)
@@ -488,21 +547,27 @@ class PaymentMachine(RuleBasedStateMachine):
             if in_flight:
                 self.reached["reaped in flight: in doubt"] += 1
 
-    @precondition(lambda self: any((p.waiting or p.soon) and p.status is Status.PENDING
-                                   for p in self.payments.values()))
+    @precondition(
+        lambda self: any(
+            (p.waiting or p.soon) and p.status is Status.PENDING for p in self.payments.values()
+        )
+    )
     @rule()
     def retry_time_passes(self):
         """Every backoff, 429 and 409 wait runs out (run_at moved back to due_at in SQL)."""
         self.step = "retry_time_passes"
-        self.conn.execute("UPDATE payments SET run_at = due_at WHERE id = ANY(%(ids)s) "
-                          "AND due_at = ANY(%(dues)s) AND status = 'PENDING'", self._keys())
+        self.conn.execute(
+            "UPDATE payments SET run_at = due_at WHERE id = ANY(%(ids)s) "
+            "AND due_at = ANY(%(dues)s) AND status = 'PENDING'",
+            self._keys(),
+        )
         for payment in self.payments.values():
             payment.waiting = payment.soon = False
 
     def _complete(self, payment: Payment, outcome: Outcome) -> None:
-        moved = transitions.complete_from_gateway(self.conn, payment.id, outcome=outcome,
-                                                  gateway_ref=charge_ref(payment.id),
-                                                  actor="ops")
+        moved = transitions.complete_from_gateway(
+            self.conn, payment.id, outcome=outcome, gateway_ref=charge_ref(payment.id), actor="ops"
+        )
         assert moved == (payment.status in (Status.FAILED, Status.PENDING))
         if moved:
             self.reached["completed from the gateway"] += 1
@@ -551,10 +616,23 @@ class PaymentMachine(RuleBasedStateMachine):
             row = rows[pid]
             status = Status(row["status"])
             # The model's status (and counters) equal the row's.
-            assert (status, row["attempt"], row["failures"], row["in_doubt"],
-                    row["failure_reason"], row["lease_expiries"], row["key_in_use"]) == (
-                payment.status, payment.attempt, payment.failures, payment.in_doubt,
-                payment.failure_reason, payment.lease_expiries, payment.key_in_use), (pid, row)
+            assert (
+                status,
+                row["attempt"],
+                row["failures"],
+                row["in_doubt"],
+                row["failure_reason"],
+                row["lease_expiries"],
+                row["key_in_use"],
+            ) == (
+                payment.status,
+                payment.attempt,
+                payment.failures,
+                payment.in_doubt,
+                payment.failure_reason,
+                payment.lease_expiries,
+                payment.key_in_use,
+            ), (pid, row)
             attempts = {int(n): o for n, o in row["attempts"].items()}
             assert attempts == payment.attempts, (pid, attempts)
             assert row["dead_letter_open"] == payment.dead_letter_open, pid
@@ -585,12 +663,22 @@ class PaymentMachine(RuleBasedStateMachine):
 
 #: Branches every run must reach (each is reached dozens of times at these
 #: settings): a run that never got there checked nothing about them.
-MUST_REACH = {"zombie finish", "zombie finish over a re-claim", "reaped in flight: in doubt",
-              "cancel: CANCELLED", "cancel: OUTCOME_IN_DOUBT", "finish: SUCCEEDED -> COMPLETED",
-              "finish: DECLINED -> FAILED", "finish: RATE_LIMITED -> PENDING",
-              "finish: KEY_IN_USE -> PENDING", "finish: NOT_SENT -> PENDING",
-              "parked: retries exhausted", "parked: lease expired repeatedly",
-              "completed from the gateway", "re-driven"}
+MUST_REACH = {
+    "zombie finish",
+    "zombie finish over a re-claim",
+    "reaped in flight: in doubt",
+    "cancel: CANCELLED",
+    "cancel: OUTCOME_IN_DOUBT",
+    "finish: SUCCEEDED -> COMPLETED",
+    "finish: DECLINED -> FAILED",
+    "finish: RATE_LIMITED -> PENDING",
+    "finish: KEY_IN_USE -> PENDING",
+    "finish: NOT_SENT -> PENDING",
+    "parked: retries exhausted",
+    "parked: lease expired repeatedly",
+    "completed from the gateway",
+    "re-driven",
+}
 
 
 @pytest.fixture
@@ -604,6 +692,12 @@ def test_the_payment_state_machine_keeps_its_invariants(conn, pool):
     reached: Counter = Counter()
     run_state_machine_as_test(
         lambda: PaymentMachine(conn, pool, reached),
-        settings=settings(max_examples=400, stateful_step_count=50, deadline=None,
-                          database=None, suppress_health_check=[HealthCheck.too_slow]))
+        settings=settings(
+            max_examples=400,
+            stateful_step_count=50,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
     assert MUST_REACH <= set(reached), sorted(reached.items())

@@ -30,8 +30,11 @@ def a_payment(conn, method="pm_card_visa", **columns):
 
 
 def intents_for(gateway, row) -> list[dict]:
-    return [i for i in gateway.stripe_ledger()["payment_intents"]
-            if i.get("paycron_payment_id") == str(row["id"])]
+    return [
+        i
+        for i in gateway.stripe_ledger()["payment_intents"]
+        if i.get("paycron_payment_id") == str(row["id"])
+    ]
 
 
 def succeeded(gateway, row) -> int:
@@ -44,7 +47,10 @@ def test_a_card_is_charged_once_as_one_intent(engine, conn, gateway):
     done = payment(conn, row["id"])
     [attempt] = attempts_of(conn, row["id"])
     assert (done["status"], done["processor"], attempt["outcome"]) == (
-        "COMPLETED", "stripe", "SUCCEEDED")
+        "COMPLETED",
+        "stripe",
+        "SUCCEEDED",
+    )
     assert attempt["gateway_ref"].startswith("pi_") and attempt["gateway_key"] == str(row["id"])
     assert succeeded(gateway, row) == 1
     assert gateway.stripe_state()["last_stripe_version"] == engine.config.stripe_api_version
@@ -55,21 +61,26 @@ def test_an_unknown_payment_method_fails_after_one_call(engine, conn, gateway):
     engine.drain()
     done = payment(conn, row["id"])
     assert (done["status"], done["failure_reason"], done["last_error"]) == (
-        "FAILED", "INVALID_REQUEST", "resource_missing")
+        "FAILED",
+        "INVALID_REQUEST",
+        "resource_missing",
+    )
     assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["REJECTED"]
 
 
-@pytest.mark.parametrize("method,reason,code", [
-    ("pm_card_chargeDeclined", "DECLINED", "generic_decline"),
-    ("pm_card_chargeDeclinedInsufficientFunds", "DECLINED", "insufficient_funds"),
-    ("pm_card_authenticationRequired", "CUSTOMER_ACTION_REQUIRED", "authentication_required"),
-])
+@pytest.mark.parametrize(
+    "method,reason,code",
+    [
+        ("pm_card_chargeDeclined", "DECLINED", "generic_decline"),
+        ("pm_card_chargeDeclinedInsufficientFunds", "DECLINED", "insufficient_funds"),
+        ("pm_card_authenticationRequired", "CUSTOMER_ACTION_REQUIRED", "authentication_required"),
+    ],
+)
 def test_a_decline_fails_the_payment(engine, conn, gateway, method, reason, code):
     row = a_payment(conn, method=method)
     engine.drain()
     done = payment(conn, row["id"])
-    assert (done["status"], done["failure_reason"], done["last_error"]) == (
-        "FAILED", reason, code)
+    assert (done["status"], done["failure_reason"], done["last_error"]) == ("FAILED", reason, code)
     assert succeeded(gateway, row) == 0
     if reason == "CUSTOMER_ACTION_REQUIRED":
         # cancelled, so an on-session confirmation can never charge a FAILED payment
@@ -77,14 +88,17 @@ def test_a_decline_fails_the_payment(engine, conn, gateway, method, reason, code
 
 
 def test_a_decline_stripe_advises_retrying_confirms_the_same_intent_under_the_next_key(
-        engine, conn, gateway):
+    engine, conn, gateway
+):
     row = a_payment(conn, method="pm_card_chargeDeclinedProcessingError")
     engine.drain()
     done = payment(conn, row["id"])
     history = attempts_of(conn, row["id"])
     assert (done["status"], done["key_generation"]) == ("COMPLETED", 2)
     assert [(a["outcome"], a["gateway_key"]) for a in history] == [
-        ("DECLINED", str(row["id"])), ("SUCCEEDED", f"{row['id']}:2")]
+        ("DECLINED", str(row["id"])),
+        ("SUCCEEDED", f"{row['id']}:2"),
+    ]
     assert history[0]["gateway_ref"] == history[1]["gateway_ref"]  # one intent
     assert len(intents_for(gateway, row)) == 1 and succeeded(gateway, row) == 1
 
@@ -130,7 +144,9 @@ def test_a_stored_500_is_resolved_by_lookup_with_one_charge(engine, conn, gatewa
     done = payment(conn, row["id"])
     assert (done["status"], done["in_doubt"], done["key_generation"]) == ("COMPLETED", False, 1)
     assert [a["outcome"] for a in attempts_of(conn, row["id"])] == [
-        "RETRYABLE_ERROR", "FOUND_BY_LOOKUP"]
+        "RETRYABLE_ERROR",
+        "FOUND_BY_LOOKUP",
+    ]
     assert succeeded(gateway, row) == 1
 
 
@@ -148,9 +164,14 @@ def test_a_lost_answer_is_asked_again_under_the_same_key(engine, conn, gateway):
 
 
 def cli_env(config) -> dict:
-    return {"DATABASE_URL": config.database_url, "REDIS_URL": config.redis_url,
-            "REDIS_NAMESPACE": config.redis_namespace, "GATEWAY": "stripe",
-            "STRIPE_API_KEY": config.stripe_api_key, "STRIPE_API_BASE": config.stripe_api_base}
+    return {
+        "DATABASE_URL": config.database_url,
+        "REDIS_URL": config.redis_url,
+        "REDIS_NAMESPACE": config.redis_namespace,
+        "GATEWAY": "stripe",
+        "STRIPE_API_KEY": config.stripe_api_key,
+        "STRIPE_API_BASE": config.stripe_api_base,
+    }
 
 
 def test_a_lookup_finds_its_intent_on_the_third_page(stripe_config, conn, gateway):
@@ -158,20 +179,43 @@ def test_a_lookup_finds_its_intent_on_the_third_page(stripe_config, conn, gatewa
 
     from paycron.cli import main
 
-    row = park(conn, in_doubt=True, customer=CUSTOMER, payment_method="pm_card_visa",
-               calls_land_by=datetime.now(UTC) - timedelta(seconds=1))
+    row = park(
+        conn,
+        in_doubt=True,
+        customer=CUSTOMER,
+        payment_method="pm_card_visa",
+        calls_land_by=datetime.now(UTC) - timedelta(seconds=1),
+    )
     client = gateway.stripe_client()
-    client.v1.payment_intents.create(params={
-        "amount": row["amount_minor"], "currency": "usd", "customer": CUSTOMER,
-        "payment_method": "pm_card_visa", "confirm": True, "off_session": True,
-        "metadata": {"paycron_payment_id": str(row["id"])}})
+    client.v1.payment_intents.create(
+        params={
+            "amount": row["amount_minor"],
+            "currency": "usd",
+            "customer": CUSTOMER,
+            "payment_method": "pm_card_visa",
+            "confirm": True,
+            "off_session": True,
+            "metadata": {"paycron_payment_id": str(row["id"])},
+        }
+    )
     for n in range(205):  # newer intents of the same customer: ours is on page 3
-        client.v1.payment_intents.create(params={
-            "amount": 100, "currency": "usd", "customer": CUSTOMER,
-            "payment_method": "pm_card_visa", "confirm": True, "off_session": True,
-            "metadata": {"paycron_payment_id": f"other-{n}"}})
-    result = CliRunner().invoke(main, ["dlq", "redrive", str(row["id"]), "--by", "ops"],
-                                env=cli_env(stripe_config), catch_exceptions=False)
+        client.v1.payment_intents.create(
+            params={
+                "amount": 100,
+                "currency": "usd",
+                "customer": CUSTOMER,
+                "payment_method": "pm_card_visa",
+                "confirm": True,
+                "off_session": True,
+                "metadata": {"paycron_payment_id": f"other-{n}"},
+            }
+        )
+    result = CliRunner().invoke(
+        main,
+        ["dlq", "redrive", str(row["id"]), "--by", "ops"],
+        env=cli_env(stripe_config),
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     assert "completed" in result.output
     assert payment(conn, row["id"])["status"] == "COMPLETED"
@@ -179,20 +223,35 @@ def test_a_lookup_finds_its_intent_on_the_third_page(stripe_config, conn, gatewa
 
 
 def test_a_lookup_finding_another_amount_parks_lookup_mismatch_without_a_new_key(
-        engine, conn, gateway, caplog):
+    engine, conn, gateway, caplog
+):
     row = a_payment(conn, failures=5, in_doubt=True, attempt=5)
-    gateway.stripe_client().v1.payment_intents.create(params={
-        "amount": row["amount_minor"] + 1, "currency": "usd", "customer": CUSTOMER,
-        "payment_method": "pm_card_visa", "confirm": True, "off_session": True,
-        "metadata": {"paycron_payment_id": str(row["id"])}})
+    gateway.stripe_client().v1.payment_intents.create(
+        params={
+            "amount": row["amount_minor"] + 1,
+            "currency": "usd",
+            "customer": CUSTOMER,
+            "payment_method": "pm_card_visa",
+            "confirm": True,
+            "off_session": True,
+            "metadata": {"paycron_payment_id": str(row["id"])},
+        }
+    )
     gateway.faults(error_rate=1.0)  # the sixth call fails too: exhausted, looked up
     with caplog.at_level(logging.ERROR):
         engine.work()
     done = payment(conn, row["id"])
     assert (done["status"], done["failure_reason"], done["key_generation"]) == (
-        "FAILED", "LOOKUP_MISMATCH", 1)
-    assert conn.execute("SELECT reason FROM dead_letters WHERE payment_id = %s",
-                        (row["id"],)).fetchone()["reason"] == "LOOKUP_MISMATCH"
+        "FAILED",
+        "LOOKUP_MISMATCH",
+        1,
+    )
+    assert (
+        conn.execute(
+            "SELECT reason FROM dead_letters WHERE payment_id = %s", (row["id"],)
+        ).fetchone()["reason"]
+        == "LOOKUP_MISMATCH"
+    )
     assert any("another amount" in r.getMessage() for r in caplog.records)
 
 
@@ -216,21 +275,36 @@ def test_the_breaker_counts_rejected_keys_and_opens(stripe_config, conn, gateway
 
 
 def test_changed_parameters_under_a_live_key_are_looked_up_then_parked_and_paged(
-        engine, conn, gateway, caplog):
+    engine, conn, gateway, caplog
+):
     row = a_payment(conn)
     # Another request already used the payment's key with other parameters
     # (as a changed API version or a bug would): Stripe answers idempotency_error.
-    gateway.stripe_client().v1.payment_intents.create(params={
-        "amount": row["amount_minor"] + 7, "currency": "usd", "customer": CUSTOMER,
-        "payment_method": "pm_card_visa", "confirm": True, "off_session": True,
-        "metadata": {"paycron_payment_id": "someone-else"}},
-        options={"idempotency_key": str(row["id"])})
+    gateway.stripe_client().v1.payment_intents.create(
+        params={
+            "amount": row["amount_minor"] + 7,
+            "currency": "usd",
+            "customer": CUSTOMER,
+            "payment_method": "pm_card_visa",
+            "confirm": True,
+            "off_session": True,
+            "metadata": {"paycron_payment_id": "someone-else"},
+        },
+        options={"idempotency_key": str(row["id"])},
+    )
     with caplog.at_level(logging.ERROR):
         engine.work()
     done = payment(conn, row["id"])
     assert (done["status"], done["failure_reason"], done["key_generation"]) == (
-        "FAILED", "GATEWAY_REJECTED", 1)
+        "FAILED",
+        "GATEWAY_REJECTED",
+        1,
+    )
     assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["REJECTED"]
-    assert conn.execute("SELECT reason FROM dead_letters WHERE payment_id = %s",
-                        (row["id"],)).fetchone()["reason"] == "GATEWAY_REJECTED"
+    assert (
+        conn.execute(
+            "SELECT reason FROM dead_letters WHERE payment_id = %s", (row["id"],)
+        ).fetchone()["reason"]
+        == "GATEWAY_REJECTED"
+    )
     assert any("GATEWAY_REJECTED" in r.getMessage() for r in caplog.records)

@@ -58,8 +58,11 @@ CLI_API_KEY = "sk_test_from_the_command_line"
 @pytest.fixture(scope="session")
 def short_memory_gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A second fake, started with a one-second key retention and its own Stripe key."""
-    group, url = start_gateway(tmp_path_factory.mktemp("short-memory-gateway"),
-                               "--key-retention-seconds", "1",
-                               *stripe_args(api_key=CLI_API_KEY, search_lag_seconds=0))
+    group, url = start_gateway(
+        tmp_path_factory.mktemp("short-memory-gateway"),
+        "--key-retention-seconds",
+        "1",
+        *stripe_args(api_key=CLI_API_KEY, search_lag_seconds=0),
+    )
     yield url
     group.stop()

@@ -51,8 +51,15 @@ def test_charge_then_replay_returns_the_same_charge_once(client: httpx.Client) -
     assert [c["id"] for c in ledger(client)] == [body["id"]]
     assert ledger(client)[0] == {
         name: body[name]
-        for name in ("id", "idempotency_key", "reference", "amount", "currency", "status",
-                     "created_at")
+        for name in (
+            "id",
+            "idempotency_key",
+            "reference",
+            "amount",
+            "currency",
+            "status",
+            "created_at",
+        )
     }
     assert stats(client)["charges"] == 1
     assert stats(client)["replays"] == 1
@@ -100,9 +107,7 @@ def test_malformed_json_and_missing_key_are_400(client: httpx.Client) -> None:
         "/v1/charges", content=b"{not json", headers={"Idempotency-Key": new_key()}
     )
     assert garbled.status_code == 400
-    missing = client.post(
-        "/v1/charges", json={"amount": 100, "currency": "USD", "reference": "r"}
-    )
+    missing = client.post("/v1/charges", json={"amount": 100, "currency": "USD", "reference": "r"})
     assert missing.status_code == 400
     assert missing.json()["error"]["code"] == "invalid_request"
     assert ledger(client) == []
@@ -268,5 +273,3 @@ def test_settlement_report_rejects_bad_dates(client: httpx.Client, bad: str) -> 
     response = client.get("/v1/settlement-report", params={"date": bad})
     assert response.status_code == 400
     assert client.get("/v1/settlement-report").status_code == 400
-
-

@@ -41,8 +41,16 @@ def test_stats_count_each_outcome(client: httpx.Client) -> None:
     charge(client, new_key(), amount=40002)
     charge(client, new_key(), amount=50003)
     counters = stats(client)
-    expected = {"charge_requests": 4, "charges": 1, "replays": 1, "declined": 1, "errors": 1,
-                "rate_limited": 0, "timeouts": 0, "dropped": 0}
+    expected = {
+        "charge_requests": 4,
+        "charges": 1,
+        "replays": 1,
+        "declined": 1,
+        "errors": 1,
+        "rate_limited": 0,
+        "timeouts": 0,
+        "dropped": 0,
+    }
     assert {name: counters[name] for name in expected} == expected
     assert client.get("/healthz").status_code == 200
 

@@ -42,8 +42,9 @@ def test_a_median_equal_to_the_p99_is_a_constant() -> None:
 
 def test_dice_draw_the_fixed_latency_or_the_distribution() -> None:
     assert Dice(1).latency_ms(Faults(latency_ms=40)) == 40
-    lognormal = Faults(latency_ms=40, latency_dist="lognormal",
-                       latency_p50_ms=100, latency_p99_ms=900)
+    lognormal = Faults(
+        latency_ms=40, latency_dist="lognormal", latency_p50_ms=100, latency_p99_ms=900
+    )
     first, second = Dice(9), Dice(9)
     drawn = [first.latency_ms(lognormal) for _ in range(50)]
     assert [second.latency_ms(lognormal) for _ in range(50)] == drawn
@@ -74,16 +75,18 @@ def test_the_fake_imports_nothing_of_the_engine() -> None:
         "import sys, gateway.fake.__main__, gateway.fake.app; "
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({engine!r})))"
     )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "[]"
 
 
 def test_the_stripe_surface_does_not_use_the_stripe_sdk() -> None:
     """The stub is the server the SDK is tested against: sharing its code would hide drift."""
     probe = "import sys, gateway.fake.app; print('stripe' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "False"
 
 

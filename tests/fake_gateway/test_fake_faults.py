@@ -150,8 +150,15 @@ def test_seeded_faults_are_deterministic(client: httpx.Client) -> None:
         ({"latency_p99_ms": "300"}, "latency_p99_ms"),
         ({"latency_cap_ms": -1}, "latency_cap_ms"),
         ({"latency_p50_ms": 300, "latency_p99_ms": 100}, "latency_p99_ms"),
-        ({"latency_dist": "lognormal", "latency_p50_ms": 100, "latency_p99_ms": 300,
-          "latency_cap_ms": 200}, "latency_cap_ms"),
+        (
+            {
+                "latency_dist": "lognormal",
+                "latency_p50_ms": 100,
+                "latency_p99_ms": 300,
+                "latency_cap_ms": 200,
+            },
+            "latency_cap_ms",
+        ),
     ],
 )
 def test_invalid_fault_settings_are_400_and_change_nothing(
@@ -187,8 +194,6 @@ def test_fault_settings_round_trip(client: httpx.Client) -> None:
     assert client.get("/_faults").json() == settings
     cleared = set_faults(client, reset=True)
     assert cleared["latency_ms"] == 0 and cleared["rate_limit_per_s"] is None
-
-
 
 
 # ---------------------------------------------------------------- latency

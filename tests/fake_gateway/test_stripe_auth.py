@@ -28,8 +28,9 @@ def test_a_wrong_key_is_401_with_the_key_masked(gateway_handle: GatewayHandle) -
 
 def test_no_key_is_401_and_nothing_is_stored_for_the_key(gateway_handle: GatewayHandle) -> None:
     key = new_key()
-    anonymous = gateway_handle.http.post("/stripe/v1/payment_intents",
-                                         headers={"Idempotency-Key": key}, data={"amount": "1"})
+    anonymous = gateway_handle.http.post(
+        "/stripe/v1/payment_intents", headers={"Idempotency-Key": key}, data={"amount": "1"}
+    )
     assert anonymous.status_code == 401
     assert anonymous.json()["error"]["message"].startswith("You did not provide an API key.")
     assert raw_charge(gateway_handle, key, api_key=WRONG_KEY).status_code == 401
@@ -72,10 +73,15 @@ def test_any_stripe_version_is_accepted_and_the_last_one_remembered(
 
 
 def test_bad_settings_are_refused_whole(gateway_handle: GatewayHandle) -> None:
-    for bad in ({"api_key": "pk_test_publishable"}, {"search_lag_ms": -1},
-                {"webhook_loss_rate": 2}, {"decline_advice_code": "maybe"},
-                {"webhook_urls": ["ftp://x"]}, {"nonsense": 1},
-                {"settle_delay_ms": 10, "webhook_secrets": []}):
+    for bad in (
+        {"api_key": "pk_test_publishable"},
+        {"search_lag_ms": -1},
+        {"webhook_loss_rate": 2},
+        {"decline_advice_code": "maybe"},
+        {"webhook_urls": ["ftp://x"]},
+        {"nonsense": 1},
+        {"settle_delay_ms": 10, "webhook_secrets": []},
+    ):
         response = gateway_handle.http.post("/_stripe", json=bad)
         assert response.status_code == 400, bad
     assert gateway_handle.stripe_state()["settings"]["settle_delay_ms"] == 5000

@@ -24,7 +24,8 @@ from tests.fake_gateway.stripeclient import (
 
 
 def test_the_same_key_and_parameters_replay_the_stored_answer_byte_for_byte(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
 ) -> None:
     key = new_key()
     first = raw_charge(gateway_handle, key)
@@ -37,10 +38,17 @@ def test_the_same_key_and_parameters_replay_the_stored_answer_byte_for_byte(
 
     # The SDK sends the same request: form-encoded, nested metadata, parameters in any order.
     through_sdk = sdk_client.v1.payment_intents.create(
-        params={"metadata": {"paycron_payment_id": "pay-raw"}, "off_session": True,
-                "confirm": True, "payment_method": "pm_card_visa", "customer": "cus_raw",
-                "currency": "usd", "amount": 1000},
-        options={"idempotency_key": key})
+        params={
+            "metadata": {"paycron_payment_id": "pay-raw"},
+            "off_session": True,
+            "confirm": True,
+            "payment_method": "pm_card_visa",
+            "customer": "cus_raw",
+            "currency": "usd",
+            "amount": 1000,
+        },
+        options={"idempotency_key": key},
+    )
     assert through_sdk.id == first.json()["id"]
     assert through_sdk.last_response.headers["Idempotent-Replayed"] == "true"
     assert len(gateway_handle.stripe_ledger()["payment_intents"]) == 1
@@ -48,7 +56,8 @@ def test_the_same_key_and_parameters_replay_the_stored_answer_byte_for_byte(
 
 
 def test_a_stored_decline_is_replayed_and_charges_nothing_more(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
 ) -> None:
     key = new_key()
     first = card_error(sdk_client, "pm_card_chargeDeclined", key=key)
@@ -59,7 +68,8 @@ def test_a_stored_decline_is_replayed_and_charges_nothing_more(
 
 
 def test_a_500_after_the_charge_is_stored_and_replayed_while_the_charge_stands(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
 ) -> None:
     gateway_handle.faults(error_after_charge_rate=1.0)
     key = new_key()
@@ -83,7 +93,8 @@ def test_a_500_after_the_charge_is_stored_and_replayed_while_the_charge_stands(
 
 
 def test_server_errors_and_timeouts_before_execution_are_not_stored(
-    gateway_handle: GatewayHandle, fake_gateway_url: str,
+    gateway_handle: GatewayHandle,
+    fake_gateway_url: str,
 ) -> None:
     client = sdk(gateway_handle.stripe_url, timeout=0.3)
     key = new_key()
@@ -108,7 +119,8 @@ def test_server_errors_and_timeouts_before_execution_are_not_stored(
 
 
 def test_a_dropped_answer_still_charged_and_the_retry_replays_it(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
 ) -> None:
     gateway_handle.faults(charge_then_drop_rate=1.0)
     key = new_key()
@@ -122,7 +134,8 @@ def test_a_dropped_answer_still_charged_and_the_retry_replays_it(
 
 
 def test_a_key_still_in_use_answers_409(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
 ) -> None:
     gateway_handle.faults(latency_ms=700)
     key = new_key()
@@ -150,7 +163,8 @@ def test_a_key_still_in_use_answers_409(
 
 
 def test_the_same_key_with_other_parameters_or_endpoint_is_an_idempotency_error(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
 ) -> None:
     key = new_key()
     intent = charge(sdk_client, key=key, amount=1000)
@@ -160,14 +174,16 @@ def test_the_same_key_with_other_parameters_or_endpoint_is_an_idempotency_error(
     assert other_amount.value.error.type == "idempotency_error"
     assert key in other_amount.value.user_message
     with pytest.raises(stripe.IdempotencyError):
-        sdk_client.v1.refunds.create(params={"payment_intent": intent.id},
-                                     options={"idempotency_key": key})
+        sdk_client.v1.refunds.create(
+            params={"payment_intent": intent.id}, options={"idempotency_key": key}
+        )
     assert len(gateway_handle.stripe_ledger()["payment_intents"]) == 1
     assert gateway_handle.stats()["key_mismatches"] == 2
 
 
 def test_stripe_keys_live_apart_from_the_card_surfaces(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
 ) -> None:
     key = new_key()
     assert card_charge(gateway_handle.http, key).status_code == 201
@@ -193,12 +209,16 @@ def test_keys_are_forgotten_after_the_retention_but_intents_stay_listed(
 
 
 def test_the_rate_ceiling_answers_429_to_every_call(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
 ) -> None:
     gateway_handle.faults(rate_limit_per_s=1)
     errors = []
-    for call in (lambda: charge(sdk_client), lambda: charge(sdk_client),
-                 lambda: sdk_client.v1.payment_intents.list()):
+    for call in (
+        lambda: charge(sdk_client),
+        lambda: charge(sdk_client),
+        lambda: sdk_client.v1.payment_intents.list(),
+    ):
         try:
             call()
         except stripe.RateLimitError as exc:
@@ -206,12 +226,16 @@ def test_the_rate_ceiling_answers_429_to_every_call(
     assert errors  # three calls well within two one-second windows
     for error in errors:
         assert (error.http_status, error.error.code, error.error.type) == (
-            429, "rate_limit", "invalid_request_error")
+            429,
+            "rate_limit",
+            "invalid_request_error",
+        )
     assert gateway_handle.stats()["rate_limited"] == len(errors)
 
 
 def test_an_intents_answer_waits_the_injected_latency(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
 ) -> None:
     gateway_handle.faults(latency_ms=30)
     intent = charge(sdk_client)
@@ -220,11 +244,12 @@ def test_an_intents_answer_waits_the_injected_latency(
     assert "Fake-Latency-Ms" not in listed.last_response.headers
 
 
-def test_the_params_the_engine_sends_are_one_fingerprint(sdk_client: stripe.StripeClient
-                                                         ) -> None:
+def test_the_params_the_engine_sends_are_one_fingerprint(sdk_client: stripe.StripeClient) -> None:
     key = new_key()
-    first = sdk_client.v1.payment_intents.create(params=intent_params(),
-                                                 options={"idempotency_key": key})
-    again = sdk_client.v1.payment_intents.create(params=dict(reversed(intent_params().items())),
-                                                 options={"idempotency_key": key})
+    first = sdk_client.v1.payment_intents.create(
+        params=intent_params(), options={"idempotency_key": key}
+    )
+    again = sdk_client.v1.payment_intents.create(
+        params=dict(reversed(intent_params().items())), options={"idempotency_key": key}
+    )
     assert again.id == first.id

@@ -14,11 +14,13 @@ from tests.fake_gateway.stripeclient import card_error, charge, intent_params, n
 
 
 def test_a_card_charge_succeeds_and_its_charge_carries_the_intents_metadata(
-    sdk_client: stripe.StripeClient, gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
 ) -> None:
     before = int(time.time())
-    intent = charge(sdk_client, amount=1234, currency="USD", customer="cus_alice",
-                    payment_id="pay-42")
+    intent = charge(
+        sdk_client, amount=1234, currency="USD", customer="cus_alice", payment_id="pay-42"
+    )
 
     assert intent.id.startswith("pi_") and intent.object == "payment_intent"
     assert (intent.status, intent.amount, intent.currency) == ("succeeded", 1234, "usd")
@@ -27,28 +29,42 @@ def test_a_card_charge_succeeds_and_its_charge_carries_the_intents_metadata(
     assert before <= intent.created <= time.time() + 1
     charge_ = sdk_client.v1.charges.retrieve(intent.latest_charge)
     assert charge_.id.startswith("ch_")
-    assert (charge_.payment_intent, charge_.status, charge_.amount, charge_.currency,
-            charge_.customer) == (intent.id, "succeeded", 1234, "usd", "cus_alice")
+    assert (
+        charge_.payment_intent,
+        charge_.status,
+        charge_.amount,
+        charge_.currency,
+        charge_.customer,
+    ) == (intent.id, "succeeded", 1234, "usd", "cus_alice")
     assert charge_.metadata.to_dict() == {"paycron_payment_id": "pay-42"}
     assert (charge_.refunded, charge_.amount_refunded, charge_.paid) == (False, 0, True)
     assert sdk_client.v1.payment_intents.retrieve(intent.id).to_dict() == intent.to_dict()
     assert gateway_handle.succeeded_per_payment_id() == {"pay-42": 1}
 
 
-@pytest.mark.parametrize(("method", "code", "decline_code"), [
-    ("pm_card_chargeDeclined", "card_declined", "generic_decline"),
-    ("pm_card_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds"),
-    ("pm_card_chargeDeclinedProcessingError", "processing_error", None),
-    ("pm_card_authenticationRequired", "authentication_required", "authentication_required"),
-])
+@pytest.mark.parametrize(
+    ("method", "code", "decline_code"),
+    [
+        ("pm_card_chargeDeclined", "card_declined", "generic_decline"),
+        ("pm_card_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds"),
+        ("pm_card_chargeDeclinedProcessingError", "processing_error", None),
+        ("pm_card_authenticationRequired", "authentication_required", "authentication_required"),
+    ],
+)
 def test_each_declining_test_method_answers_402_with_the_intent_and_a_failed_charge(
-    sdk_client: stripe.StripeClient, method: str, code: str, decline_code: str | None,
+    sdk_client: stripe.StripeClient,
+    method: str,
+    code: str,
+    decline_code: str | None,
 ) -> None:
     error = card_error(sdk_client, method)
 
     assert error.http_status == 402 and error.error is not None
     assert (error.error.type, error.code, error.error.decline_code) == (
-        "card_error", code, decline_code)
+        "card_error",
+        code,
+        decline_code,
+    )
     intent = error.error.payment_intent
     assert intent.status == "requires_payment_method"
     assert intent.payment_method is None  # Stripe clears it: a retry names one again
@@ -56,12 +72,16 @@ def test_each_declining_test_method_answers_402_with_the_intent_and_a_failed_cha
     assert intent.last_payment_error.payment_method.id == method
     failed = sdk_client.v1.charges.retrieve(error.error.charge)
     assert (failed.status, failed.payment_intent, failed.failure_code) == (
-        "failed", intent.id, code)
+        "failed",
+        intent.id,
+        code,
+    )
     assert intent.latest_charge == failed.id
 
 
 def test_authentication_on_session_waits_for_the_customer_without_charging(
-    sdk_client: stripe.StripeClient, gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
 ) -> None:
     intent = charge(sdk_client, "pm_card_authenticationRequired", off_session=False)
     assert intent.status == "requires_action" and intent.next_action.type == "use_stripe_sdk"
@@ -70,7 +90,8 @@ def test_authentication_on_session_waits_for_the_customer_without_charging(
 
 
 def test_a_retryable_decline_succeeds_when_the_same_intent_is_confirmed_again(
-    sdk_client: stripe.StripeClient, gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
 ) -> None:
     method = "pm_card_chargeDeclinedProcessingError"
     declined = card_error(sdk_client, method, payment_id="pay-retry").error.payment_intent
@@ -81,8 +102,10 @@ def test_a_retryable_decline_succeeds_when_the_same_intent_is_confirmed_again(
     assert missing.value.code == "payment_intent_unexpected_state"
 
     confirmed = sdk_client.v1.payment_intents.confirm(
-        declined.id, params={"payment_method": method, "off_session": True},
-        options={"idempotency_key": new_key()})
+        declined.id,
+        params={"payment_method": method, "off_session": True},
+        options={"idempotency_key": new_key()},
+    )
     assert (confirmed.id, confirmed.status) == (declined.id, "succeeded")
     assert confirmed.latest_charge != declined.latest_charge
     assert confirmed.last_payment_error is None
@@ -90,8 +113,10 @@ def test_a_retryable_decline_succeeds_when_the_same_intent_is_confirmed_again(
     # An intent succeeds at most once.
     with pytest.raises(stripe.InvalidRequestError) as again:
         sdk_client.v1.payment_intents.confirm(
-            declined.id, params={"payment_method": "pm_card_visa"},
-            options={"idempotency_key": new_key()})
+            declined.id,
+            params={"payment_method": "pm_card_visa"},
+            options={"idempotency_key": new_key()},
+        )
     assert again.value.http_status == 400
     assert again.value.code == "payment_intent_unexpected_state"
     assert again.value.error.payment_intent.status == "succeeded"
@@ -110,7 +135,9 @@ def test_a_new_intent_with_the_retryable_method_declines_once_again(
 
 @pytest.mark.parametrize("advice", ["try_again_later", "do_not_try_again"])
 def test_a_decline_carries_the_advice_code_set_by_the_control(
-    sdk_client: stripe.StripeClient, gateway_handle: GatewayHandle, advice: str,
+    sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    advice: str,
 ) -> None:
     assert card_error(sdk_client, "pm_card_chargeDeclined").error.advice_code is None
     gateway_handle.stripe(decline_advice_code=advice)
@@ -122,7 +149,8 @@ def test_a_decline_carries_the_advice_code_set_by_the_control(
 
 
 def test_the_decline_rate_declines_a_card_that_would_succeed(
-    sdk_client: stripe.StripeClient, gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
 ) -> None:
     gateway_handle.faults(decline_rate=1.0)
     error = card_error(sdk_client, "pm_card_visa")
@@ -140,7 +168,8 @@ def test_an_unconfirmed_intent_is_confirmed_or_cancelled_later(
 
     other = sdk_client.v1.payment_intents.create(params=params)
     cancelled = sdk_client.v1.payment_intents.cancel(
-        other.id, params={"cancellation_reason": "abandoned"})
+        other.id, params={"cancellation_reason": "abandoned"}
+    )
     assert (cancelled.status, cancelled.cancellation_reason) == ("canceled", "abandoned")
     assert cancelled.canceled_at is not None
     with pytest.raises(stripe.InvalidRequestError) as confirm:
@@ -161,25 +190,35 @@ def test_a_declined_intent_can_be_cancelled_but_a_succeeded_one_cannot(
     assert sdk_client.v1.payment_intents.retrieve(succeeded.id).status == "succeeded"
 
 
-@pytest.mark.parametrize(("params", "code", "param"), [
-    ({"payment_method": "pm_card_unknown"}, "resource_missing", "payment_method"),
-    ({"amount": 100_000_000}, "amount_too_large", "amount"),
-    ({"amount": 49}, "amount_too_small", "amount"),
-    ({"amount": 29, "currency": "gbp"}, "amount_too_small", "amount"),
-    ({"currency": None}, "parameter_missing", "currency"),
-    ({"customer": "alice"}, "resource_missing", "customer"),
-    ({"capture_method": "manual"}, "parameter_unknown", "capture_method"),
-])
+@pytest.mark.parametrize(
+    ("params", "code", "param"),
+    [
+        ({"payment_method": "pm_card_unknown"}, "resource_missing", "payment_method"),
+        ({"amount": 100_000_000}, "amount_too_large", "amount"),
+        ({"amount": 49}, "amount_too_small", "amount"),
+        ({"amount": 29, "currency": "gbp"}, "amount_too_small", "amount"),
+        ({"currency": None}, "parameter_missing", "currency"),
+        ({"customer": "alice"}, "resource_missing", "customer"),
+        ({"capture_method": "manual"}, "parameter_unknown", "capture_method"),
+    ],
+)
 def test_invalid_requests_are_refused_before_executing_and_not_stored(
-    sdk_client: stripe.StripeClient, gateway_handle: GatewayHandle,
-    params: dict, code: str, param: str,
+    sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+    params: dict,
+    code: str,
+    param: str,
 ) -> None:
     key = new_key()
     with pytest.raises(stripe.InvalidRequestError) as refused:
-        sdk_client.v1.payment_intents.create(params={**intent_params(), **params},
-                                             options={"idempotency_key": key})
+        sdk_client.v1.payment_intents.create(
+            params={**intent_params(), **params}, options={"idempotency_key": key}
+        )
     assert (refused.value.http_status, refused.value.code, refused.value.param) == (
-        400, code, param)
+        400,
+        code,
+        param,
+    )
     assert refused.value.error.type == "invalid_request_error"
     assert gateway_handle.stripe_ledger()["payment_intents"] == []
     # Nothing was stored for the key: a corrected request under it executes.
@@ -203,7 +242,8 @@ def test_an_unknown_intent_is_404_resource_missing(sdk_client: stripe.StripeClie
 def test_latest_charge_expands(sdk_client: stripe.StripeClient) -> None:
     intent = charge(sdk_client)
     expanded = sdk_client.v1.payment_intents.retrieve(
-        intent.id, params={"expand": ["latest_charge"]})
+        intent.id, params={"expand": ["latest_charge"]}
+    )
     assert expanded.latest_charge.id == intent.latest_charge
     assert expanded.latest_charge.status == "succeeded"
     with pytest.raises(stripe.InvalidRequestError):

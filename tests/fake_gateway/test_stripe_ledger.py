@@ -18,8 +18,13 @@ from gateway.fake.stripe_wire import StripeError, parse_form
 def filled(count: int) -> Collection:
     collection = Collection("customer")
     for n in range(count):
-        collection.add({"id": f"obj_{n}", "created": 100 + n // 3,
-                        "customer": "cus_even" if n % 2 == 0 else "cus_odd"})
+        collection.add(
+            {
+                "id": f"obj_{n}",
+                "created": 100 + n // 3,
+                "customer": "cus_even" if n % 2 == 0 else "cus_odd",
+            }
+        )
     return collection
 
 
@@ -48,17 +53,22 @@ def test_dropped_objects_are_gone_from_pages_and_lookups() -> None:
     collection.drop_oldest(keep=4)
     assert len(collection) == 4 and collection.get("obj_1") is None
     assert ids(collection.page(limit=10)[0]) == ["obj_5", "obj_4", "obj_3", "obj_2"]
-    assert ids(collection.page(limit=10, where={"customer": "cus_even"})[0]) == [
-        "obj_4", "obj_2"]
+    assert ids(collection.page(limit=10, where={"customer": "cus_even"})[0]) == ["obj_4", "obj_2"]
     assert ids(collection.page(limit=10, ending_before="obj_3")[0]) == ["obj_5", "obj_4"]
     assert ids(list(collection)) == ["obj_2", "obj_3", "obj_4", "obj_5"]
 
 
 def make_intent(ledger: StripeLedger, payment_id: str = "pay-1") -> dict:
     return ledger.create_intent(
-        Origin(), amount=1000, currency="usd", customer="cus_1",
-        payment_method="pm_card_visa", metadata={"paycron_payment_id": payment_id},
-        description=None, method_type="card")
+        Origin(),
+        amount=1000,
+        currency="usd",
+        customer="cus_1",
+        payment_method="pm_card_visa",
+        metadata={"paycron_payment_id": payment_id},
+        description=None,
+        method_type="card",
+    )
 
 
 def test_the_event_log_keeps_the_newest_events(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,8 +76,9 @@ def test_the_event_log_keeps_the_newest_events(monkeypatch: pytest.MonkeyPatch) 
     ledger = StripeLedger()
     for n in range(4):  # 3 events each: created, charge.succeeded, succeeded
         intent = make_intent(ledger, f"pay-{n}")
-        ledger.confirm(intent, "pm_card_visa", PAYMENT_METHODS["pm_card_visa"], Origin(),
-                       off_session=True)
+        ledger.confirm(
+            intent, "pm_card_visa", PAYMENT_METHODS["pm_card_visa"], Origin(), off_session=True
+        )
     assert len(ledger.events) == 5
     assert len(ledger.drain_events()) == 12  # every one was still delivered
     assert ledger.stats["events"] == 12
@@ -86,8 +97,9 @@ def test_a_search_sees_the_intent_as_it_was_and_keeps_copies_only_while_visible(
     assert [i["status"] for i in ledger.searchable()] == ["canceled"]
 
     def statuses() -> list[str | None]:
-        return [None if copy is None else copy["status"]
-                for _, copy in ledger._history[intent["id"]]]
+        return [
+            None if copy is None else copy["status"] for _, copy in ledger._history[intent["id"]]
+        ]
 
     ledger.cancel(intent, "abandoned", Origin())  # the first version is hidden now
     assert statuses() == ["canceled", None]
@@ -97,11 +109,21 @@ def test_a_search_sees_the_intent_as_it_was_and_keeps_copies_only_while_visible(
 
 
 def test_search_queries_parse_and_match() -> None:
-    intent = {"amount": 1500, "created": 10, "currency": "usd", "customer": "cus_1",
-              "status": "succeeded", "metadata": {"paycron_payment_id": "p-1"}}
-    matching = ["metadata['paycron_payment_id']:'p-1'", 'metadata["paycron_payment_id"]:"p-1"',
-                "amount>=1500 AND currency:'usd'", "-status:'canceled'",
-                "customer:'cus_2' OR amount<1600"]
+    intent = {
+        "amount": 1500,
+        "created": 10,
+        "currency": "usd",
+        "customer": "cus_1",
+        "status": "succeeded",
+        "metadata": {"paycron_payment_id": "p-1"},
+    }
+    matching = [
+        "metadata['paycron_payment_id']:'p-1'",
+        'metadata["paycron_payment_id"]:"p-1"',
+        "amount>=1500 AND currency:'usd'",
+        "-status:'canceled'",
+        "customer:'cus_2' OR amount<1600",
+    ]
     for query in matching:
         assert parse_query(query).matches(intent), query
     for query in ("status:'canceled'", "metadata['other']:'p-1'", "created>10"):
@@ -112,7 +134,13 @@ def test_search_queries_parse_and_match() -> None:
 
 
 def test_forms_nest_as_the_sdk_encodes_them() -> None:
-    assert parse_form("amount=10&metadata[a]=1&metadata[b]=&expand[0]=x&expand[1]=y"
-                      "&created[gte]=5&tags[]=p&tags[]=q") == {
-        "amount": "10", "metadata": {"a": "1", "b": ""}, "expand": ["x", "y"],
-        "created": {"gte": "5"}, "tags": ["p", "q"]}
+    assert parse_form(
+        "amount=10&metadata[a]=1&metadata[b]=&expand[0]=x&expand[1]=y"
+        "&created[gte]=5&tags[]=p&tags[]=q"
+    ) == {
+        "amount": "10",
+        "metadata": {"a": "1", "b": ""},
+        "expand": ["x", "y"],
+        "created": {"gte": "5"},
+        "tags": ["p", "q"],
+    }

@@ -16,8 +16,7 @@ from tests.fake_gateway.stripeclient import card_error, charge, intent_params, n
 def test_25_intents_page_newest_first_in_pages_of_ten(
     sdk_client: stripe.StripeClient,
 ) -> None:
-    mine = [charge(sdk_client, customer="cus_pager", payment_id=f"pay-{n}").id
-            for n in range(25)]
+    mine = [charge(sdk_client, customer="cus_pager", payment_id=f"pay-{n}").id for n in range(25)]
     charge(sdk_client, customer="cus_other")
 
     pages, params = [], {"customer": "cus_pager", "limit": 10}
@@ -36,14 +35,19 @@ def test_25_intents_page_newest_first_in_pages_of_ten(
     assert [intent.id for intent in everything.auto_paging_iter()] == mine[::-1]
 
     before = sdk_client.v1.payment_intents.list(
-        params={"customer": "cus_pager", "limit": 3, "ending_before": mine[10]})
+        params={"customer": "cus_pager", "limit": 3, "ending_before": mine[10]}
+    )
     assert [intent.id for intent in before.data] == mine[13:10:-1] and before.has_more
 
 
 def test_created_filters_and_limits(sdk_client: stripe.StripeClient) -> None:
     intent = charge(sdk_client, customer="cus_when")
-    listed = lambda **created: [i.id for i in sdk_client.v1.payment_intents.list(  # noqa: E731
-        params={"customer": "cus_when", "created": created}).data]
+    listed = lambda **created: [
+        i.id
+        for i in sdk_client.v1.payment_intents.list(  # noqa: E731
+            params={"customer": "cus_when", "created": created}
+        ).data
+    ]
     assert listed(gte=intent.created - 3600) == [intent.id]
     assert listed(gte=intent.created + 1) == []
     assert listed(lt=intent.created) == []
@@ -80,12 +84,14 @@ def test_every_charge_is_listed_with_its_status_and_the_intents_metadata(
 
 
 def test_search_lags_behind_while_lists_are_strongly_consistent(
-    sdk_client: stripe.StripeClient, gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
 ) -> None:
     gateway_handle.stripe(search_lag_ms=600)
     query = {"query": "metadata['paycron_payment_id']:'pay-lag'"}
     intent = sdk_client.v1.payment_intents.create(
-        params=intent_params(payment_id="pay-lag", confirm=False))
+        params=intent_params(payment_id="pay-lag", confirm=False)
+    )
 
     assert sdk_client.v1.payment_intents.search(params=query).data == []
     listed = sdk_client.v1.payment_intents.list(params={"customer": "cus_test"})
@@ -98,13 +104,15 @@ def test_search_lags_behind_while_lists_are_strongly_consistent(
     # A change lags too: the index still shows the intent as it was.
     sdk_client.v1.payment_intents.cancel(intent.id)
     assert sdk_client.v1.payment_intents.search(params=query).data[0].status == (
-        "requires_confirmation")
+        "requires_confirmation"
+    )
     time.sleep(0.65)
     assert sdk_client.v1.payment_intents.search(params=query).data[0].status == "canceled"
 
 
 def test_search_queries_combine_clauses_and_page(
-    sdk_client: stripe.StripeClient, gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
 ) -> None:
     gateway_handle.stripe(search_lag_ms=0)
     for n in range(3):
@@ -124,25 +132,37 @@ def test_search_queries_combine_clauses_and_page(
 
 
 def test_a_refund_marks_the_charge_refunded_once(
-    sdk_client: stripe.StripeClient, gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
 ) -> None:
     intent = charge(sdk_client, amount=2500, payment_id="pay-refund")
     key = f"refund:{intent.id}"
-    refund = sdk_client.v1.refunds.create(params={"payment_intent": intent.id},
-                                          options={"idempotency_key": key})
+    refund = sdk_client.v1.refunds.create(
+        params={"payment_intent": intent.id}, options={"idempotency_key": key}
+    )
     assert refund.id.startswith("re_") and refund.object == "refund"
-    assert (refund.status, refund.amount, refund.currency, refund.charge,
-            refund.payment_intent) == ("succeeded", 2500, "usd", intent.latest_charge, intent.id)
+    assert (
+        refund.status,
+        refund.amount,
+        refund.currency,
+        refund.charge,
+        refund.payment_intent,
+    ) == ("succeeded", 2500, "usd", intent.latest_charge, intent.id)
     refunded = sdk_client.v1.charges.retrieve(intent.latest_charge)
     assert (refunded.refunded, refunded.amount_refunded, refunded.status) == (
-        True, 2500, "succeeded")
+        True,
+        2500,
+        "succeeded",
+    )
 
-    again = sdk_client.v1.refunds.create(params={"payment_intent": intent.id},
-                                         options={"idempotency_key": key})
+    again = sdk_client.v1.refunds.create(
+        params={"payment_intent": intent.id}, options={"idempotency_key": key}
+    )
     assert again.id == refund.id  # replayed
     with pytest.raises(stripe.InvalidRequestError) as twice:
-        sdk_client.v1.refunds.create(params={"payment_intent": intent.id},
-                                     options={"idempotency_key": new_key()})
+        sdk_client.v1.refunds.create(
+            params={"payment_intent": intent.id}, options={"idempotency_key": new_key()}
+        )
     assert twice.value.code == "charge_already_refunded"
     assert [r["id"] for r in gateway_handle.stripe_ledger()["refunds"]] == [refund.id]
     listed = sdk_client.v1.refunds.list(params={"payment_intent": intent.id})

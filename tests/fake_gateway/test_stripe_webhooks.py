@@ -25,10 +25,11 @@ def wait_until(condition, timeout: float = 5.0) -> None:
 
 
 def test_a_bank_debit_processes_then_settles_with_a_signed_event(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient, receiver: WebhookReceiver,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    receiver: WebhookReceiver,
 ) -> None:
-    gateway_handle.stripe(settle_delay_ms=300, webhook_urls=[receiver.url],
-                          enabled_events=SETTLED)
+    gateway_handle.stripe(settle_delay_ms=300, webhook_urls=[receiver.url], enabled_events=SETTLED)
     intent = charge(sdk_client, "pm_bank_processing_succeeds", payment_id="pay-debit")
     assert intent.status == "processing"
     pending = sdk_client.v1.charges.retrieve(intent.latest_charge)
@@ -36,8 +37,7 @@ def test_a_bank_debit_processes_then_settles_with_a_signed_event(
     assert gateway_handle.stripe_state()["processing"] == [intent.id]
 
     [(headers, body)] = receiver.wait_for(1)
-    event = stripe.Webhook.construct_event(body, headers["Stripe-Signature"],
-                                           STRIPE_WEBHOOK_SECRET)
+    event = stripe.Webhook.construct_event(body, headers["Stripe-Signature"], STRIPE_WEBHOOK_SECRET)
     assert event.object == "event" and event.type == "payment_intent.succeeded"
     assert event.id.startswith("evt_")
     assert (event.data.object.id, event.data.object.status) == (intent.id, "succeeded")
@@ -50,7 +50,9 @@ def test_a_bank_debit_processes_then_settles_with_a_signed_event(
 
 
 def test_a_failing_debit_settles_now_on_the_control(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient, receiver: WebhookReceiver,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    receiver: WebhookReceiver,
 ) -> None:
     gateway_handle.stripe(webhook_urls=[receiver.url], enabled_events=SETTLED)
     intent = charge(sdk_client, "pm_bank_processing_fails")
@@ -63,16 +65,20 @@ def test_a_failing_debit_settles_now_on_the_control(
     assert failed.last_payment_error.code == "payment_method_provider_decline"
     assert sdk_client.v1.charges.retrieve(intent.latest_charge).status == "failed"
     [(headers, body)] = receiver.wait_for(1)
-    event = stripe.Webhook.construct_event(body, headers["Stripe-Signature"],
-                                           STRIPE_WEBHOOK_SECRET)
+    event = stripe.Webhook.construct_event(body, headers["Stripe-Signature"], STRIPE_WEBHOOK_SECRET)
     assert (event.type, event.data.object.id) == ("payment_intent.payment_failed", intent.id)
 
 
 def test_a_tampered_or_foreign_event_is_refused_and_a_rolled_secret_verifies(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient, receiver: WebhookReceiver,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    receiver: WebhookReceiver,
 ) -> None:
-    gateway_handle.stripe(webhook_urls=[receiver.url], enabled_events=SETTLED,
-                          webhook_secrets=["whsec_old_secret", "whsec_new_secret"])
+    gateway_handle.stripe(
+        webhook_urls=[receiver.url],
+        enabled_events=SETTLED,
+        webhook_secrets=["whsec_old_secret", "whsec_new_secret"],
+    )
     charge(sdk_client, "pm_bank_processing_succeeds")
     gateway_handle.stripe_settle()
     [(headers, body)] = receiver.wait_for(1)
@@ -91,10 +97,16 @@ def test_a_tampered_or_foreign_event_is_refused_and_a_rolled_secret_verifies(
 
 
 def test_a_failed_delivery_is_retried_with_the_same_body(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient, receiver: WebhookReceiver,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    receiver: WebhookReceiver,
 ) -> None:
-    gateway_handle.stripe(webhook_urls=[receiver.url], enabled_events=SETTLED,
-                          webhook_retry_ms=30, webhook_max_attempts=4)
+    gateway_handle.stripe(
+        webhook_urls=[receiver.url],
+        enabled_events=SETTLED,
+        webhook_retry_ms=30,
+        webhook_max_attempts=4,
+    )
     receiver.statuses = [500, 503]
     charge(sdk_client, "pm_bank_processing_succeeds")
     gateway_handle.stripe_settle()
@@ -102,32 +114,48 @@ def test_a_failed_delivery_is_retried_with_the_same_body(
     assert len({body for _, body in deliveries}) == 1
     for headers, body in deliveries:
         stripe.Webhook.construct_event(body, headers["Stripe-Signature"], STRIPE_WEBHOOK_SECRET)
+
     def deliveries() -> list[tuple]:
-        return [(d["status"], d["attempts"], d["last_status"])
-                for e in gateway_handle.stripe_events() for d in e["deliveries"]]
+        return [
+            (d["status"], d["attempts"], d["last_status"])
+            for e in gateway_handle.stripe_events()
+            for d in e["deliveries"]
+        ]
 
     wait_until(lambda: deliveries() == [("delivered", 3, 200)])
     assert gateway_handle.stats()["delivery_failures"] == 2
 
 
 def test_an_endpoint_that_never_answers_2xx_is_given_up_on(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient, receiver: WebhookReceiver,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    receiver: WebhookReceiver,
 ) -> None:
-    gateway_handle.stripe(webhook_urls=[receiver.url], enabled_events=SETTLED,
-                          webhook_retry_ms=10, webhook_max_attempts=2)
+    gateway_handle.stripe(
+        webhook_urls=[receiver.url],
+        enabled_events=SETTLED,
+        webhook_retry_ms=10,
+        webhook_max_attempts=2,
+    )
     receiver.statuses = [400, 400]
     charge(sdk_client, "pm_bank_processing_succeeds")
     gateway_handle.stripe_settle()
     receiver.wait_for(2)
-    wait_until(lambda: any(d["status"] == "failed" for e in gateway_handle.stripe_events()
-                           for d in e["deliveries"]))
+    wait_until(
+        lambda: any(
+            d["status"] == "failed" for e in gateway_handle.stripe_events() for d in e["deliveries"]
+        )
+    )
 
 
 def test_events_can_be_duplicated_lost_or_shuffled(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient, receiver: WebhookReceiver,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    receiver: WebhookReceiver,
 ) -> None:
-    gateway_handle.stripe(webhook_urls=[receiver.url], enabled_events=SETTLED,
-                          webhook_duplicate_rate=1.0)
+    gateway_handle.stripe(
+        webhook_urls=[receiver.url], enabled_events=SETTLED, webhook_duplicate_rate=1.0
+    )
     charge(sdk_client, "pm_bank_processing_succeeds")
     gateway_handle.stripe_settle()
     first, second = (json.loads(body) for _, body in receiver.wait_for(2))
@@ -136,8 +164,12 @@ def test_events_can_be_duplicated_lost_or_shuffled(
     gateway_handle.stripe(webhook_duplicate_rate=0.0, webhook_loss_rate=1.0)
     lost = charge(sdk_client, "pm_bank_processing_succeeds")
     gateway_handle.stripe_settle()
-    statuses = [d["status"] for e in gateway_handle.stripe_events()
-                if e["object_id"] == lost.id for d in e["deliveries"]]
+    statuses = [
+        d["status"]
+        for e in gateway_handle.stripe_events()
+        if e["object_id"] == lost.id
+        for d in e["deliveries"]
+    ]
     assert statuses == ["lost"]
     assert gateway_handle.stats()["events_lost"] == 1
 
@@ -151,7 +183,9 @@ def test_events_can_be_duplicated_lost_or_shuffled(
 
 
 def test_every_change_makes_an_event_and_enabled_events_choose_what_is_sent(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient, receiver: WebhookReceiver,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    receiver: WebhookReceiver,
 ) -> None:
     gateway_handle.stripe(webhook_urls=[receiver.url])  # enabled_events: "*"
     intent = charge(sdk_client)
@@ -168,7 +202,9 @@ def test_every_change_makes_an_event_and_enabled_events_choose_what_is_sent(
 
 
 def test_a_reset_cancels_a_pending_settlement(
-    gateway_handle: GatewayHandle, sdk_client: stripe.StripeClient, receiver: WebhookReceiver,
+    gateway_handle: GatewayHandle,
+    sdk_client: stripe.StripeClient,
+    receiver: WebhookReceiver,
 ) -> None:
     gateway_handle.stripe(settle_delay_ms=200, webhook_urls=[receiver.url])
     charge(sdk_client, "pm_bank_processing_succeeds")

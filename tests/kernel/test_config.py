@@ -15,17 +15,36 @@ SETTINGS = [f.name.upper() for f in fields(Config) if "parse" in f.metadata]
 
 
 def test_each_setting_is_read_from_its_variable():
-    config = Config.from_env({
-        "DATABASE_URL": "postgresql://db/x", "GATEWAY_URL": "http://gw:1/", "LEASE_SECONDS": "2m",
-        "RETRY_DELAYS": "30s, 5m", "RETRY_JITTER": "0.1", "DEFAULT_CURRENCY": "eur",
-        "WEBHOOK_ALLOW_PRIVATE_HOSTS": "yes", "GATEWAY_MAX_IN_FLIGHT": "64",
-        "METRICS_PORT": "9100", "API_KEY_CACHE_SECONDS": "250ms"})
+    config = Config.from_env(
+        {
+            "DATABASE_URL": "postgresql://db/x",
+            "GATEWAY_URL": "http://gw:1/",
+            "LEASE_SECONDS": "2m",
+            "RETRY_DELAYS": "30s, 5m",
+            "RETRY_JITTER": "0.1",
+            "DEFAULT_CURRENCY": "eur",
+            "WEBHOOK_ALLOW_PRIVATE_HOSTS": "yes",
+            "GATEWAY_MAX_IN_FLIGHT": "64",
+            "METRICS_PORT": "9100",
+            "API_KEY_CACHE_SECONDS": "250ms",
+        }
+    )
     assert (config.database_url, config.gateway_url, config.lease_seconds) == (
-        "postgresql://db/x", "http://gw:1", 120.0)
+        "postgresql://db/x",
+        "http://gw:1",
+        120.0,
+    )
     assert (config.retry_delays, config.retry_jitter, config.default_currency) == (
-        (30.0, 300.0), 0.1, "EUR")
-    assert (config.webhook_allow_private_hosts, config.gateway_max_in_flight,
-            config.metrics_port, config.api_key_cache_seconds) == (True, 64, 9100, 0.25)
+        (30.0, 300.0),
+        0.1,
+        "EUR",
+    )
+    assert (
+        config.webhook_allow_private_hosts,
+        config.gateway_max_in_flight,
+        config.metrics_port,
+        config.api_key_cache_seconds,
+    ) == (True, 64, 9100, 0.25)
 
 
 def test_unset_and_empty_variables_keep_the_defaults():
@@ -33,14 +52,23 @@ def test_unset_and_empty_variables_keep_the_defaults():
     assert Config.from_env({name: "" for name in SETTINGS}) == Config()
 
 
-@pytest.mark.parametrize("name, value", [
-    ("CLAIM_BATCH", "ten"), ("LEASE_SECONDS", "soon"), ("WEBHOOK_ALLOW_PRIVATE_HOSTS", "maybe"),
-    ("RETRY_DELAYS", "1m,later"), ("CLAIM_BATCH", "0"), ("GATEWAY_MAX_IN_FLIGHT", "0"),
-    ("GATEWAY_TIMEOUT_SECONDS", "50"),  # more than LEASE_SECONDS / 3
-    ("GATEWAY_TIMEOUT_SECONDS", "0"), ("GATEWAY_MAX_IN_FLIGHT", "5"),  # below the group size
-    ("GATEWAY", "paypal"), ("GATEWAY", "stripe"),  # a Stripe gateway without STRIPE_API_KEY
-    ("GATEWAY_KEY_RETENTION_SECONDS", "10m"),  # shorter than twice the in-flight bound
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("CLAIM_BATCH", "ten"),
+        ("LEASE_SECONDS", "soon"),
+        ("WEBHOOK_ALLOW_PRIVATE_HOSTS", "maybe"),
+        ("RETRY_DELAYS", "1m,later"),
+        ("CLAIM_BATCH", "0"),
+        ("GATEWAY_MAX_IN_FLIGHT", "0"),
+        ("GATEWAY_TIMEOUT_SECONDS", "50"),  # more than LEASE_SECONDS / 3
+        ("GATEWAY_TIMEOUT_SECONDS", "0"),
+        ("GATEWAY_MAX_IN_FLIGHT", "5"),  # below the group size
+        ("GATEWAY", "paypal"),
+        ("GATEWAY", "stripe"),  # a Stripe gateway without STRIPE_API_KEY
+        ("GATEWAY_KEY_RETENTION_SECONDS", "10m"),  # shorter than twice the in-flight bound
+    ],
+)
 def test_a_bad_value_refuses_to_start_naming_the_variable(name, value):
     with pytest.raises(ConfigError) as refused:
         Config.from_env({name: value})
@@ -53,18 +81,34 @@ def test_every_setting_is_documented(name):
 
 
 def test_stripe_is_chosen_with_its_key_and_the_pinned_version():
-    config = Config.from_env({"GATEWAY": "Stripe", "STRIPE_API_KEY": "sk_test_abc123",
-                              "STRIPE_WEBHOOK_SECRET": "whsec_a, whsec_b"})
+    config = Config.from_env(
+        {
+            "GATEWAY": "Stripe",
+            "STRIPE_API_KEY": "sk_test_abc123",
+            "STRIPE_WEBHOOK_SECRET": "whsec_a, whsec_b",
+        }
+    )
     assert (config.gateway, config.stripe_api_version, config.stripe_webhook_secret) == (
-        "stripe", STRIPE_API_VERSION, ("whsec_a", "whsec_b"))
+        "stripe",
+        STRIPE_API_VERSION,
+        ("whsec_a", "whsec_b"),
+    )
     assert config.needs_customer and not Config().needs_customer
 
 
 def test_secrets_are_never_in_the_configs_repr():
-    config = Config(gateway="stripe", stripe_api_key="sk_live_secret_key",
-                    stripe_webhook_secret=("whsec_secret",), sentry_dsn="https://k@sentry/1",
-                    metrics_token="a-long-metrics-token")
+    config = Config(
+        gateway="stripe",
+        stripe_api_key="sk_live_secret_key",
+        stripe_webhook_secret=("whsec_secret",),
+        sentry_dsn="https://k@sentry/1",
+        metrics_token="a-long-metrics-token",
+    )
     text = repr(config)
-    for secret in ("sk_live_secret_key", "whsec_secret", "https://k@sentry/1",
-                   "a-long-metrics-token"):
+    for secret in (
+        "sk_live_secret_key",
+        "whsec_secret",
+        "https://k@sentry/1",
+        "a-long-metrics-token",
+    ):
         assert secret not in text

@@ -20,8 +20,9 @@ def limited(config):
     apps = []
 
     def make(*, rate: int, burst: int, **overrides):
-        app = create_app(config.with_overrides(api_rate_limit=rate, api_rate_burst=burst,
-                                               **overrides))
+        app = create_app(
+            config.with_overrides(api_rate_limit=rate, api_rate_burst=burst, **overrides)
+        )
         apps.append(app)
         return app.test_client()
 

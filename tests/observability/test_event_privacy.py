@@ -25,14 +25,16 @@ def app(config, gateway):  # a redrive looks the charge up at the gateway
 def test_a_redrive_shows_the_payer_an_operator_not_the_name(client, alice, make_key, conn):
     admin = {"Authorization": f"Bearer {make_key('ops-ann-smith', admin=True)}"}
     row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-                 "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-                 (row["id"], row["due_at"], row["payer"]))
+    conn.execute(
+        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
+        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
+        (row["id"], row["due_at"], row["payer"]),
+    )
     response = client.post(f"/v1/admin/dead-letters/{row['id']}/redrive", headers=admin)
     assert response.status_code == 200, response.get_json()
 
     deadline = time.monotonic() + 15  # the feed holds an event back while an older
-    while True:                        # transaction anywhere on the server is open
+    while True:  # transaction anywhere on the server is open
         feed = client.get("/v1/events", headers=alice)
         assert feed.status_code == 200
         found = [e for e in feed.get_json()["data"] if e["paymentId"] == str(row["id"])]
@@ -49,8 +51,14 @@ def test_a_redrive_shows_the_payer_an_operator_not_the_name(client, alice, make_
 
 def test_the_wire_form_hides_whoever_is_stored(conn):
     """Also events stored before this rule, and in webhook bodies (same function)."""
-    event = {"id": 1, "type": "payment.refunded", "payment_id": "p", "status": "COMPLETED",
-             "attempt": 1, "data": {"refundId": "re_1", "by": "ops-bo"},
-             "created_at": datetime.now(UTC)}
+    event = {
+        "id": 1,
+        "type": "payment.refunded",
+        "payment_id": "p",
+        "status": "COMPLETED",
+        "attempt": 1,
+        "data": {"refundId": "re_1", "by": "ops-bo"},
+        "created_at": datetime.now(UTC),
+    }
     assert to_wire(event)["data"] == {"refundId": "re_1", "by": "operator"}
     assert event["data"]["by"] == "ops-bo"  # the row read is not changed

@@ -16,8 +16,12 @@ from tests.factories import insert_payment, park
 from tests.support import Clock
 
 RULES = Path(__file__).resolve().parents[2] / "ops" / "prometheus" / "alerts.yml"
-_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
-             "gauge": ("",), "summary": ("", "_sum", "_count")}
+_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "gauge": ("",),
+    "summary": ("", "_sum", "_count"),
+}
 
 
 TOKEN = "scrape-token-for-tests-0123456789"
@@ -34,8 +38,11 @@ def config(config):
 def samples_of(client) -> list:
     response = client.get("/metrics", headers=SCRAPER)
     assert response.status_code == 200
-    return [sample for family in text_string_to_metric_families(response.get_data(as_text=True))
-            for sample in family.samples]
+    return [
+        sample
+        for family in text_string_to_metric_families(response.get_data(as_text=True))
+        for sample in family.samples
+    ]
 
 
 def scrape(client) -> dict[str, float]:
@@ -73,16 +80,19 @@ def test_gauges_are_computed_from_the_database_at_scrape_time(client, conn):
     assert samples["paycron_database_up"] == 1
     assert samples["paycron_circuit_state"] == 0
     assert samples["paycron_reconciliation_mismatches"] == 0
-    conn.execute("INSERT INTO reconciliation_runs (day, mismatches, source) "
-                 "VALUES (current_date, 2, 'file')")
+    conn.execute(
+        "INSERT INTO reconciliation_runs (day, mismatches, source) VALUES (current_date, 2, 'file')"
+    )
     assert scrape(client)["paycron_reconciliation_mismatches"] == 2
 
 
 def test_requests_are_counted_by_route_and_status(client, alice):
     listed = {"method": "GET", "endpoint": "/v1/scheduled-payments", "status": "200"}
     refused = {**listed, "status": "401"}
-    before = {name: sample_value(client, "paycron_http_requests_total", **labels)
-              for name, labels in (("listed", listed), ("refused", refused))}
+    before = {
+        name: sample_value(client, "paycron_http_requests_total", **labels)
+        for name, labels in (("listed", listed), ("refused", refused))
+    }
     for _ in range(2):
         assert client.get("/v1/scheduled-payments", headers=alice).status_code == 200
     assert client.get("/v1/scheduled-payments").status_code == 401
@@ -102,13 +112,18 @@ def test_every_metric_an_alert_names_is_exported(client):
 
 
 def test_the_alert_list_covers_the_design_card(client):
-    exprs = " ".join(r["expr"] for r in
-                     yaml.safe_load(RULES.read_text())["groups"][0]["rules"])
-    for metric in ("paycron_oldest_due_pending_age_seconds", "paycron_claims_total",
-                   "paycron_due_inflow_5m_payments", "paycron_lease_expirations_total",
-                   "paycron_dead_letters_total", "paycron_gateway_calls_total",
-                   "paycron_gateway_call_seconds_bucket", "paycron_reconciliation_mismatches",
-                   "paycron_partitions_ahead_days"):
+    exprs = " ".join(r["expr"] for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"])
+    for metric in (
+        "paycron_oldest_due_pending_age_seconds",
+        "paycron_claims_total",
+        "paycron_due_inflow_5m_payments",
+        "paycron_lease_expirations_total",
+        "paycron_dead_letters_total",
+        "paycron_gateway_calls_total",
+        "paycron_gateway_call_seconds_bucket",
+        "paycron_reconciliation_mismatches",
+        "paycron_partitions_ahead_days",
+    ):
         assert metric in exprs
 
 
@@ -119,8 +134,9 @@ def test_with_a_multiprocess_directory_the_scrape_is_that_directorys(config, cli
     from paycron.config import Config
     from web import create_app
 
-    assert Config.from_env({"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}).prometheus_multiproc_dir \
-        == str(tmp_path)
+    assert Config.from_env(
+        {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    ).prometheus_multiproc_dir == str(tmp_path)
     client.get("/healthz")
     assert "paycron_http_requests_total" in scrape(client)
     app = create_app(config.with_overrides(prometheus_multiproc_dir=str(tmp_path)))
@@ -133,6 +149,7 @@ def test_with_a_multiprocess_directory_the_scrape_is_that_directorys(config, cli
 
 
 # -- Not on the public port without a token; cheap under a scrape storm -------------
+
 
 def _app(config, **overrides):
     from web import create_app
@@ -149,10 +166,18 @@ def test_without_a_token_the_web_port_does_not_serve_metrics(config):
     assert (response.status_code, response.get_json()["code"]) == (404, "NOT_FOUND")
 
 
-@pytest.mark.parametrize("authorization", [
-    None, "", "Bearer", "Bearer wrong-token-of-enough-length", f"Basic {TOKEN}", TOKEN,
-    f"Bearer {TOKEN}x",
-])
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer wrong-token-of-enough-length",
+        f"Basic {TOKEN}",
+        TOKEN,
+        f"Bearer {TOKEN}x",
+    ],
+)
 def test_a_scrape_without_the_token_is_401(client, authorization):
     headers = {} if authorization is None else {"Authorization": authorization}
     response = client.get("/metrics", headers=headers)
@@ -198,8 +223,9 @@ class CountingPool:
 def test_the_gauges_are_read_again_once_the_cache_time_has_passed(app, conn):
     clock = Clock(start=1000.0)
     pool = CountingPool(app.extensions["paycron.pool"])
-    collector = DatabaseCollector(pool, queries={"metrics_gauges": q("metrics_gauges")},
-                                  ttl=5.0, clock=clock)
+    collector = DatabaseCollector(
+        pool, queries={"metrics_gauges": q("metrics_gauges")}, ttl=5.0, clock=clock
+    )
 
     def backlog() -> float:
         families = {f.name: f for f in collector.collect()}

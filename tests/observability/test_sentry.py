@@ -16,7 +16,6 @@ SECRET_PAYEE = f"payee-{uuid.uuid4().hex}"
 SECRET_KEY = f"idem-{uuid.uuid4().hex}"
 
 
-
 def test_a_failing_request_leaks_no_body_or_ids(config, sentry, alice):
     from web import create_app
 
@@ -28,8 +27,10 @@ def test_a_failing_request_leaks_no_body_or_ids(config, sentry, alice):
 
     try:
         response = app.test_client().post(
-            "/v1/boom", json={"payer": SECRET_PAYER, "payee": SECRET_PAYEE, "amount": 1},
-            headers={**alice, "Idempotency-Key": SECRET_KEY})
+            "/v1/boom",
+            json={"payer": SECRET_PAYER, "payee": SECRET_PAYEE, "amount": 1},
+            headers={**alice, "Idempotency-Key": SECRET_KEY},
+        )
     finally:
         app.extensions["paycron.pool"].close()
     assert response.status_code == 500

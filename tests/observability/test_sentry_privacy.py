@@ -69,8 +69,11 @@ def test_a_logged_error_and_the_breadcrumbs_before_it_carry_no_ids(conn, capture
     [exc] = event["exception"]["values"]
     assert exc["type"] == "CheckViolation"
     # the constraint it names stays: an identifier, not data
-    assert re.fullmatch(r'new row for relation "payments_p\d{8}" violates check constraint '
-                        r'"payments_check\d*"', exc["value"]), exc["value"]
+    assert re.fullmatch(
+        r'new row for relation "payments_p\d{8}" violates check constraint '
+        r'"payments_check\d*"',
+        exc["value"],
+    ), exc["value"]
     assert "CheckViolation" in text
 
 
@@ -96,7 +99,8 @@ def test_a_failing_request_after_a_cancel_carries_no_ids(config, conn, captured)
 
 
 def test_a_failing_create_naming_a_customer_sends_and_prints_none_of_it(
-        config, conn, captured, caplog, make_key):
+    config, conn, captured, caplog, make_key
+):
     """The create's insert is refused with the payer, payee, customer and
     payment method in Postgres's message: a 500, whose event and log lines
     say what failed without any of them."""
@@ -104,18 +108,23 @@ def test_a_failing_create_naming_a_customer_sends_and_prints_none_of_it(
 
     app = create_app(config)
     headers = {"Authorization": f"Bearer {make_key(PAYER)}", "Idempotency-Key": "k"}
-    body = {"payee": PAYEE, "amount": 2500, "dueAt": iso(future()),
-            "paymentMethod": PAYMENT_METHOD, "customer": CUSTOMER}
+    body = {
+        "payee": PAYEE,
+        "amount": 2500,
+        "dueAt": iso(future()),
+        "paymentMethod": PAYMENT_METHOD,
+        "customer": CUSTOMER,
+    }
     try:
         with refusing_writes_of(conn, CUSTOMER):
-            response = app.test_client().post("/v1/scheduled-payments", json=body,
-                                              headers=headers)
+            response = app.test_client().post("/v1/scheduled-payments", json=body, headers=headers)
     finally:
         app.extensions["paycron.pool"].close()
     assert response.status_code == 500
     assert_no_ids(captured)
-    exceptions = [exc for event in captured.events()
-                  for exc in event.get("exception", {}).get("values", [])]
+    exceptions = [
+        exc for event in captured.events() for exc in event.get("exception", {}).get("values", [])
+    ]
     assert any(exc["value"] == REFUSED for exc in exceptions), exceptions
     assert REFUSED in caplog.text  # the traceback was printed, redacted
     assert CUSTOMER not in caplog.text and PAYMENT_METHOD not in caplog.text
@@ -123,8 +132,9 @@ def test_a_failing_create_naming_a_customer_sends_and_prints_none_of_it(
 
 
 def test_a_logged_error_and_its_arguments_print_and_send_no_token(conn, captured, caplog):
-    payment = insert_payment(conn, payer=PAYER, payee=PAYEE, customer=CUSTOMER,
-                             payment_method=PAYMENT_METHOD)
+    payment = insert_payment(
+        conn, payer=PAYER, payee=PAYEE, customer=CUSTOMER, payment_method=PAYMENT_METHOD
+    )
     log = logging.getLogger("paycron.execution")
     with refusing_writes_of(conn, CUSTOMER):
         try:
@@ -142,13 +152,16 @@ def test_a_logged_error_and_its_arguments_print_and_send_no_token(conn, captured
     assert PAYER not in caplog.text.split("Traceback")[1]  # nor in the printed traceback
 
 
-@pytest.mark.parametrize("text, redacted", [
-    ("No such customer: 'cus_NffrFeUfNV2Hib'", "No such customer: 'cus_[scrubbed]'"),
-    ("pm_card_visa declined", "pm_[scrubbed] declined"),
-    ("card_1MvoiELkdIwHu7ixOeFGbN9D", "card_[scrubbed]"),
-    ("card_declined: insufficient_funds", "card_declined: insufficient_funds"),  # codes stay
-    ("a pm_ in a word: npm_modules", "a pm_ in a word: npm_modules"),
-])
+@pytest.mark.parametrize(
+    "text, redacted",
+    [
+        ("No such customer: 'cus_NffrFeUfNV2Hib'", "No such customer: 'cus_[scrubbed]'"),
+        ("pm_card_visa declined", "pm_[scrubbed] declined"),
+        ("card_1MvoiELkdIwHu7ixOeFGbN9D", "card_[scrubbed]"),
+        ("card_declined: insufficient_funds", "card_declined: insufficient_funds"),  # codes stay
+        ("a pm_ in a word: npm_modules", "a pm_ in a word: npm_modules"),
+    ],
+)
 def test_processor_tokens_are_blanked_and_codes_are_not(text, redacted):
     assert redact_tokens(text) == redacted
 
@@ -158,5 +171,7 @@ def test_a_postgres_message_keeps_its_identifiers_and_loses_its_values(conn):
         conn.execute("SELECT %s::uuid", (CUSTOMER,))
     assert redact_postgres_message(str(raised.value), raised.value) == REFUSED
     # without the exception (no SQLSTATE, no identifiers known), every quote goes
-    assert redact_postgres_message('relation "x" violates "y"\nDETAIL: z') == \
-        'relation "[scrubbed]" violates "[scrubbed]"'
+    assert (
+        redact_postgres_message('relation "x" violates "y"\nDETAIL: z')
+        == 'relation "[scrubbed]" violates "[scrubbed]"'
+    )

@@ -32,15 +32,17 @@ if sync_playwright is None or not shutil.which(CHROMIUM):
     # CI installs both (.ci/run): there a missing browser is a failure, not a skip.
     if os.environ.get("CI"):
         raise RuntimeError(f"the console's browser tests need playwright and {CHROMIUM}")
-    pytest.skip(f"needs playwright and {CHROMIUM} (apt-get install chromium)",
-                allow_module_level=True)
+    pytest.skip(
+        f"needs playwright and {CHROMIUM} (apt-get install chromium)", allow_module_level=True
+    )
 
 
 @pytest.fixture(scope="module")
 def shots(request, tmp_path_factory):
     """Where each page's screenshot goes, printed so the run shows it."""
-    directory = Path(os.environ.get("PAYCRON_SCREENSHOTS") or
-                     tmp_path_factory.mktemp("console-screenshots"))
+    directory = Path(
+        os.environ.get("PAYCRON_SCREENSHOTS") or tmp_path_factory.mktemp("console-screenshots")
+    )
     directory.mkdir(parents=True, exist_ok=True)
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capture = request.config.pluginmanager.get_plugin("capturemanager")
@@ -53,15 +55,18 @@ def shots(request, tmp_path_factory):
 
     say(f"console screenshots: {directory}")
     yield directory
-    say(f"console screenshots saved in {directory}: "
-        + ", ".join(sorted(p.name for p in directory.glob("*.png"))))
+    say(
+        f"console screenshots saved in {directory}: "
+        + ", ".join(sorted(p.name for p in directory.glob("*.png")))
+    )
 
 
 @pytest.fixture(scope="module")
 def chromium():
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                             args=["--no-sandbox"])
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
         yield browser
         browser.close()
 
@@ -87,8 +92,9 @@ def server(config, gateway, clock):
 
 @pytest.fixture
 def page(chromium):
-    context = chromium.new_context(viewport={"width": 1360, "height": 900},
-                                   java_script_enabled=False)  # nothing may need it
+    context = chromium.new_context(
+        viewport={"width": 1360, "height": 900}, java_script_enabled=False
+    )  # nothing may need it
     tab = context.new_page()
     tab.set_default_timeout(10_000)
     yield tab
@@ -122,27 +128,53 @@ def test_sign_in_and_see_every_page(page, server, admin_key, conn, shots):
     now = datetime.now(UTC)
     parked = park(conn, in_doubt=True, in_doubt_since=now - timedelta(minutes=42))
     for n in range(1, 4):
-        add_attempt(conn, parked, attempt=n, outcome="AMBIGUOUS" if n == 1 else "RETRYABLE_ERROR",
-                    error_code="timeout" if n == 1 else "http_503",
-                    finished_at=now - timedelta(minutes=40 - n * 5))
+        add_attempt(
+            conn,
+            parked,
+            attempt=n,
+            outcome="AMBIGUOUS" if n == 1 else "RETRYABLE_ERROR",
+            error_code="timeout" if n == 1 else "http_503",
+            finished_at=now - timedelta(minutes=40 - n * 5),
+        )
     for n in range(40):
         done = insert_payment(conn, status="COMPLETED", due_at=now - timedelta(minutes=n + 1))
-        add_attempt(conn, done, attempt=1, outcome="SUCCEEDED", gateway_ref=f"ch_{n}",
-                    finished_at=now - timedelta(minutes=n + 1) + timedelta(seconds=n % 7))
-    run = conn.execute("INSERT INTO reconciliation_runs (day, source, finished_at, charges_seen,"
-                       " mismatches) VALUES (%s, 'gateway', now(), 40, 1) RETURNING id",
-                       (now.date() - timedelta(days=1),)).fetchone()["id"]
-    conn.execute("INSERT INTO reconciliation_items (run_id, kind, charge_id, detail) VALUES "
-                 "(%s, 'UNKNOWN_REFERENCE', 'ch_zz9', '{\"amount\": 500}')", (run,))
-    endpoint = conn.execute("INSERT INTO webhook_endpoints (actor, url, secret) VALUES "
-                            "('alice', 'https://hooks.alice.example/paycron', 'whsec_1') "
-                            "RETURNING id").fetchone()["id"]
-    events = [conn.execute("INSERT INTO payment_events (payment_id, payer, type, status, attempt)"
-                           " VALUES (%s, 'alice', 'payment.completed', 'COMPLETED', 1) "
-                           "RETURNING id", (parked["id"],)).fetchone()["id"] for _ in range(3)]
-    conn.execute("INSERT INTO webhook_deliveries (endpoint_id, event_id, attempts, last_status, "
-                 "last_error) VALUES (%s, %s, 4, 503, 'Service Unavailable')",
-                 (endpoint, events[0]))
+        add_attempt(
+            conn,
+            done,
+            attempt=1,
+            outcome="SUCCEEDED",
+            gateway_ref=f"ch_{n}",
+            finished_at=now - timedelta(minutes=n + 1) + timedelta(seconds=n % 7),
+        )
+    run = conn.execute(
+        "INSERT INTO reconciliation_runs (day, source, finished_at, charges_seen,"
+        " mismatches) VALUES (%s, 'gateway', now(), 40, 1) RETURNING id",
+        (now.date() - timedelta(days=1),),
+    ).fetchone()["id"]
+    conn.execute(
+        "INSERT INTO reconciliation_items (run_id, kind, charge_id, detail) VALUES "
+        "(%s, 'UNKNOWN_REFERENCE', 'ch_zz9', '{\"amount\": 500}')",
+        (run,),
+    )
+    endpoint = conn.execute(
+        "INSERT INTO webhook_endpoints (actor, url, secret) VALUES "
+        "('alice', 'https://hooks.alice.example/paycron', 'whsec_1') "
+        "RETURNING id"
+    ).fetchone()["id"]
+    events = [
+        conn.execute(
+            "INSERT INTO payment_events (payment_id, payer, type, status, attempt)"
+            " VALUES (%s, 'alice', 'payment.completed', 'COMPLETED', 1) "
+            "RETURNING id",
+            (parked["id"],),
+        ).fetchone()["id"]
+        for _ in range(3)
+    ]
+    conn.execute(
+        "INSERT INTO webhook_deliveries (endpoint_id, event_id, attempts, last_status, "
+        "last_error) VALUES (%s, %s, 4, 503, 'Service Unavailable')",
+        (endpoint, events[0]),
+    )
 
     page.goto(server + "/console/")
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
@@ -162,7 +194,8 @@ def test_sign_in_and_see_every_page(page, server, admin_key, conn, shots):
     snap(page, shots, "03-payments")
     page.get_by_role("link", name=str(parked["id"])).click()
     expect(page.get_by_role("list", name="Attempt timeline")).to_contain_text(
-        "Attempt 1: AMBIGUOUS")
+        "Attempt 1: AMBIGUOUS"
+    )
     expect(page.get_by_text("+00:00").first).to_be_visible()
     snap(page, shots, "04-payment")
 
@@ -192,8 +225,9 @@ def test_sign_in_and_see_every_page(page, server, admin_key, conn, shots):
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
 
 
-def test_find_a_parked_payment_redrive_it_and_see_it_leave_the_list(page, server, admin_key,
-                                                                     conn, shots):
+def test_find_a_parked_payment_redrive_it_and_see_it_leave_the_list(
+    page, server, admin_key, conn, shots
+):
     parked = park(conn)
     sign_in(page, server, admin_key)
     go(page, "Payments")
@@ -227,11 +261,16 @@ def test_refund_and_dismiss(page, server, admin_key, conn, gateway, shots):
     expect(page.get_by_role("status")).to_contain_text(f"{lost['id']}: dismissed")
     expect(letter_row(page, lost["id"])).to_have_count(0)
     snap(page, shots, "11-after-refund-and-dismiss")
-    assert (letter(conn, charged["id"])["resolution"], letter(conn, charged["id"])["resolved_by"]) \
-        == ("REFUNDED", "ops-ann")
+    assert (
+        letter(conn, charged["id"])["resolution"],
+        letter(conn, charged["id"])["resolved_by"],
+    ) == ("REFUNDED", "ops-ann")
     dismissed = letter(conn, lost["id"])
     assert (dismissed["resolution"], dismissed["resolved_by"], dismissed["note"]) == (
-        "DISMISSED", "ops-ann", "paid by bank transfer")
+        "DISMISSED",
+        "ops-ann",
+        "paid by bank transfer",
+    )
 
 
 def test_redrive_a_selection(page, server, admin_key, conn, shots):
@@ -252,11 +291,14 @@ def test_a_post_without_its_csrf_token_is_refused(page, server, admin_key, conn,
     row = park(conn)
     sign_in(page, server, admin_key, path=f"/console/dead-letters/{row['id']}/dismiss")
     # the session's own cookie, the form without its token (as a forged page would send it)
-    answer = page.request.post(f"{server}/console/dead-letters/{row['id']}/dismiss",
-                               form={"note": "forged"})
+    answer = page.request.post(
+        f"{server}/console/dead-letters/{row['id']}/dismiss", form={"note": "forged"}
+    )
     assert answer.status == 400 and "CSRF" in answer.text()
-    answer = page.request.post(f"{server}/console/dead-letters/{row['id']}/dismiss",
-                               form={"note": "forged", "csrf_token": "guessed"})
+    answer = page.request.post(
+        f"{server}/console/dead-letters/{row['id']}/dismiss",
+        form={"note": "forged", "csrf_token": "guessed"},
+    )
     assert answer.status == 400
     assert letter(conn, row["id"])["resolution"] is None
     # the same form with JavaScript on, its token removed from the page before it is sent
@@ -264,8 +306,9 @@ def test_a_post_without_its_csrf_token_is_refused(page, server, admin_key, conn,
     scripted = context.new_page()
     try:
         sign_in(scripted, server, admin_key, path=f"/console/dead-letters/{row['id']}/dismiss")
-        scripted.eval_on_selector_all("input[name=csrf_token]",
-                                      "all => all.forEach(e => e.remove())")
+        scripted.eval_on_selector_all(
+            "input[name=csrf_token]", "all => all.forEach(e => e.remove())"
+        )
         with scripted.expect_response(lambda r: r.request.method == "POST") as sent:
             scripted.get_by_role("button", name="Confirm dismiss").click()
         assert sent.value.status == 400
@@ -284,8 +327,16 @@ def test_a_payer_key_is_refused(page, server, make_key, shots):
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
 
 
-@pytest.mark.parametrize("path", ["/console/", "/console/payments", "/console/dead-letters",
-                                  "/console/reconciliation", "/console/webhooks"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/console/",
+        "/console/payments",
+        "/console/dead-letters",
+        "/console/reconciliation",
+        "/console/webhooks",
+    ],
+)
 def test_no_page_without_a_session(page, server, admin_key, path):
     page.goto(server + path)
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
@@ -295,8 +346,9 @@ def test_no_page_without_a_session(page, server, admin_key, path):
     assert page.url == server + path
 
 
-def test_session_expiry_and_a_revoked_key_end_the_session(page, server, admin_key, conn, clock,
-                                                          shots):
+def test_session_expiry_and_a_revoked_key_end_the_session(
+    page, server, admin_key, conn, clock, shots
+):
     sign_in(page, server, admin_key)
     expect(page.get_by_role("heading", name="Overview")).to_be_visible()
     clock.advance(minutes=61)

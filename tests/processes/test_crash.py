@@ -19,11 +19,17 @@ DRAIN_SECONDS = 90
 @pytest.fixture
 def env(config, gateway):
     return {
-        "DATABASE_URL": config.database_url, "REDIS_URL": config.redis_url,
-        "REDIS_NAMESPACE": config.redis_namespace, "GATEWAY_URL": gateway.url,
+        "DATABASE_URL": config.database_url,
+        "REDIS_URL": config.redis_url,
+        "REDIS_NAMESPACE": config.redis_namespace,
+        "GATEWAY_URL": gateway.url,
         # Short leases so a killed worker's rows come back within seconds.
-        "LEASE_SECONDS": "6", "GATEWAY_TIMEOUT_SECONDS": "2", "RETRY_DELAYS": "1s,1s,1s,1s,1s",
-        "SWEEP_INTERVAL_SECONDS": "0.2", "GATEWAY_RATE_LIMIT": "1000", "CLAIM_BATCH": "50",
+        "LEASE_SECONDS": "6",
+        "GATEWAY_TIMEOUT_SECONDS": "2",
+        "RETRY_DELAYS": "1s,1s,1s,1s,1s",
+        "SWEEP_INTERVAL_SECONDS": "0.2",
+        "GATEWAY_RATE_LIMIT": "1000",
+        "CLAIM_BATCH": "50",
         "MESSAGE_GROUP_SIZE": "5",
     }
 
@@ -42,8 +48,10 @@ def procs(tmp_path, env):
 def wait_terminal(conn, n: int) -> dict:
     deadline = time.monotonic() + DRAIN_SECONDS
     while time.monotonic() < deadline:
-        counts = {r["status"]: r["n"] for r in conn.execute(
-            "SELECT status, count(*) AS n FROM payments GROUP BY status")}
+        counts = {
+            r["status"]: r["n"]
+            for r in conn.execute("SELECT status, count(*) AS n FROM payments GROUP BY status")
+        }
         if sum(counts.get(s, 0) for s in ("COMPLETED", "FAILED", "CANCELLED")) == n:
             return counts
         time.sleep(0.5)
@@ -53,8 +61,9 @@ def wait_terminal(conn, n: int) -> dict:
 def assert_exactly_once_effect(conn, gateway, n: int) -> None:
     per_key = gateway.charges_per_key()
     assert max(per_key.values()) == 1, "a payment was charged twice"
-    completed = {str(r["id"]) for r in conn.execute(
-        "SELECT id FROM payments WHERE status = 'COMPLETED'")}
+    completed = {
+        str(r["id"]) for r in conn.execute("SELECT id FROM payments WHERE status = 'COMPLETED'")
+    }
     assert set(per_key) == completed
     assert len(completed) == n
     # every gateway call has its attempt row
@@ -70,8 +79,9 @@ def test_a_worker_sigkilled_mid_call_loses_nothing(conn, gateway, procs):
     procs("scheduler")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        in_flight = conn.execute("SELECT count(*) AS n FROM attempts "
-                                 "WHERE outcome = 'IN_FLIGHT'").fetchone()["n"]
+        in_flight = conn.execute(
+            "SELECT count(*) AS n FROM attempts WHERE outcome = 'IN_FLIGHT'"
+        ).fetchone()["n"]
         if in_flight:
             break
         time.sleep(0.05)
@@ -80,13 +90,15 @@ def test_a_worker_sigkilled_mid_call_loses_nothing(conn, gateway, procs):
     procs("worker")
     wait_terminal(conn, 150)
     assert_exactly_once_effect(conn, gateway, 150)
-    expired = conn.execute("SELECT count(*) AS n FROM payments WHERE lease_expiries > 0"
-                           ).fetchone()["n"]
+    expired = conn.execute(
+        "SELECT count(*) AS n FROM payments WHERE lease_expiries > 0"
+    ).fetchone()["n"]
     assert expired > 0, "the kill left no lease to reap: the test proved nothing"
 
 
-def test_claims_whose_scheduler_died_before_enqueue_are_reaped_and_run(conn, gateway, procs,
-                                                                          config):
+def test_claims_whose_scheduler_died_before_enqueue_are_reaped_and_run(
+    conn, gateway, procs, config
+):
     bulk_insert(conn, 40)
     # A "scheduler" claims and commits, then dies before sending anything.
     claimed = transitions.claim_due(conn, limit=40, lease_seconds=3)

@@ -85,12 +85,17 @@ class SentryReceiver:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for event in list(self.events):
-                if any(exc.get("value") == value
-                       for exc in (event.get("exception") or {}).get("values", [])):
+                if any(
+                    exc.get("value") == value
+                    for exc in (event.get("exception") or {}).get("values", [])
+                ):
                     return event
             time.sleep(0.1)
-        seen = [exc.get("value") for event in self.events
-                for exc in (event.get("exception") or {}).get("values", [])]
+        seen = [
+            exc.get("value")
+            for event in self.events
+            for exc in (event.get("exception") or {}).get("values", [])
+        ]
         raise AssertionError(f"no event reported {value!r}; exceptions reported: {seen}")
 
     def close(self) -> None:
@@ -105,20 +110,35 @@ def receiver():
 
 def _start(args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.Popen:
     log = (tmp_path / "proc.log").open("ab")
-    return subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _env(config, receiver, **extra) -> dict[str, str]:
     import os
 
-    return {**os.environ, "SENTRY_DSN": receiver.dsn, "DATABASE_URL": config.database_url,
-            "REDIS_URL": config.redis_url, "REDIS_NAMESPACE": config.redis_namespace, **extra}
+    return {
+        **os.environ,
+        "SENTRY_DSN": receiver.dsn,
+        "DATABASE_URL": config.database_url,
+        "REDIS_URL": config.redis_url,
+        "REDIS_NAMESPACE": config.redis_namespace,
+        **extra,
+    }
 
 
 def _names(event: dict) -> tuple[str, str, set[str]]:
-    return (event["tags"]["component"], event["server_name"],
-            set(event["sdk"].get("integrations", [])))
+    return (
+        event["tags"]["component"],
+        event["server_name"],
+        set(event["sdk"].get("integrations", [])),
+    )
 
 
 def test_the_scheduler_reports_as_scheduler(config, receiver, tmp_path):
@@ -135,14 +155,24 @@ def test_the_scheduler_reports_as_scheduler(config, receiver, tmp_path):
 
 
 def test_the_worker_reports_as_worker(config, receiver, tmp_path):
-    proc = _start(["-m", "dramatiq", "tasks", "--processes", "1", "--threads", "1"],
-                  _env(config, receiver), tmp_path)
+    proc = _start(
+        ["-m", "dramatiq", "tasks", "--processes", "1", "--threads", "1"],
+        _env(config, receiver),
+        tmp_path,
+    )
     broker = RedisBroker(url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq")
     try:
         # A message the actor cannot decode: it raises, Dramatiq's integration reports it.
-        broker.enqueue(Message(queue_name=config.queue_name, actor_name=EXECUTE_ACTOR,
-                               args=([["not-a-uuid", "not-a-time", 1]], False), kwargs={},
-                               options={}, message_id=str(uuid.uuid4())))
+        broker.enqueue(
+            Message(
+                queue_name=config.queue_name,
+                actor_name=EXECUTE_ACTOR,
+                args=([["not-a-uuid", "not-a-time", 1]], False),
+                kwargs={},
+                options={},
+                message_id=str(uuid.uuid4()),
+            )
+        )
         component, server, integrations = _names(receiver.wait_for_event(timeout=60))
     finally:
         proc.kill()
@@ -155,8 +185,9 @@ def test_the_worker_reports_as_worker(config, receiver, tmp_path):
 def test_the_cli_reports_as_cli(config, receiver, tmp_path):
     # A database that refuses connections: the command fails with a traceback.
     bad_db = f"postgresql://postgres@127.0.0.1:{DEAD_URL_PORT}/none?connect_timeout=2"
-    proc = _start(["-m", "paycron.cli", "dlq", "list"],
-                  _env(config, receiver, DATABASE_URL=bad_db), tmp_path)
+    proc = _start(
+        ["-m", "paycron.cli", "dlq", "list"], _env(config, receiver, DATABASE_URL=bad_db), tmp_path
+    )
     assert proc.wait(timeout=60) != 0
     component, server, _ = _names(receiver.wait_for_event(timeout=5))
     assert (component, server) == ("cli", "cli")
@@ -174,8 +205,9 @@ REFUSED = 'invalid input syntax for type uuid: "[scrubbed]"'
 
 
 def _payment(conn, **columns) -> dict:
-    return insert_payment(conn, payer=PAYER, payee=PAYEE, customer=CUSTOMER,
-                          payment_method=PAYMENT_METHOD, **columns)
+    return insert_payment(
+        conn, payer=PAYER, payee=PAYEE, customer=CUSTOMER, payment_method=PAYMENT_METHOD, **columns
+    )
 
 
 def _assert_private(receiver: SentryReceiver, component: str, log: Path) -> None:
@@ -197,9 +229,11 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_the_scheduler_sends_and_prints_no_payments_data(config, conn, receiver, tmp_path):
     _payment(conn)  # due: the sweep claims it, and Postgres refuses the claim
     with refusing_writes_of(conn, CUSTOMER):
-        proc = _start(["-m", "scheduler"],
-                      _env(config, receiver, GATEWAY_URL=f"http://127.0.0.1:{DEAD_URL_PORT}"),
-                      tmp_path)
+        proc = _start(
+            ["-m", "scheduler"],
+            _env(config, receiver, GATEWAY_URL=f"http://127.0.0.1:{DEAD_URL_PORT}"),
+            tmp_path,
+        )
         try:
             _assert_private(receiver, "scheduler", tmp_path / "proc.log")
         finally:
@@ -210,12 +244,17 @@ def test_the_worker_sends_and_prints_no_payments_data(config, conn, receiver, tm
     row = _payment(conn, status="PROCESSING", attempt=1)  # claimed: the worker starts it
     broker = RedisBroker(url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq")
     with refusing_writes_of(conn, CUSTOMER):
-        proc = _start(["-m", "dramatiq", "tasks", "--processes", "1", "--threads", "1"],
-                      _env(config, receiver, GATEWAY_URL=f"http://127.0.0.1:{DEAD_URL_PORT}"),
-                      tmp_path)
+        proc = _start(
+            ["-m", "dramatiq", "tasks", "--processes", "1", "--threads", "1"],
+            _env(config, receiver, GATEWAY_URL=f"http://127.0.0.1:{DEAD_URL_PORT}"),
+            tmp_path,
+        )
         try:
-            broker.enqueue(execute_message([Claim(row["id"], row["due_at"], 1)], probe=False,
-                                           queue_name=config.queue_name))
+            broker.enqueue(
+                execute_message(
+                    [Claim(row["id"], row["due_at"], 1)], probe=False, queue_name=config.queue_name
+                )
+            )
             _assert_private(receiver, "worker", tmp_path / "proc.log")
         finally:
             _stop(proc)
@@ -223,11 +262,13 @@ def test_the_worker_sends_and_prints_no_payments_data(config, conn, receiver, tm
 
 
 def test_the_cli_sends_and_prints_no_payments_data(config, conn, receiver, tmp_path):
-    row = park(conn, payer=PAYER, payee=PAYEE, customer=CUSTOMER,
-               payment_method=PAYMENT_METHOD)
+    row = park(conn, payer=PAYER, payee=PAYEE, customer=CUSTOMER, payment_method=PAYMENT_METHOD)
     with refusing_writes_of(conn, CUSTOMER):
-        proc = _start(["-m", "paycron.cli", "dlq", "dismiss", str(row["id"]), "--by", "ops"],
-                      _env(config, receiver), tmp_path)
+        proc = _start(
+            ["-m", "paycron.cli", "dlq", "dismiss", str(row["id"]), "--by", "ops"],
+            _env(config, receiver),
+            tmp_path,
+        )
         try:
             assert proc.wait(timeout=60) != 0
             _assert_private(receiver, "cli", tmp_path / "proc.log")

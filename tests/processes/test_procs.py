@@ -16,8 +16,9 @@ def procfile_line(name: str, **values: str) -> list[str]:
         if line.startswith(f"{name}:"):
             command = line.split(":", 1)[1]
             for variable, default in (("PORT", "8000"), ("WEB_CONCURRENCY", "5")):
-                command = command.replace(f"${{{variable}:-{default}}}",
-                                          values.get(variable, default))
+                command = command.replace(
+                    f"${{{variable}:-{default}}}", values.get(variable, default)
+                )
             return shlex.split(command)
     raise AssertionError(f"no {name} in the Procfile")
 
@@ -41,15 +42,16 @@ def test_the_web_command_takes_the_port_and_concurrency_the_harness_wants():
 
 def test_the_web_command_with_other_threads_keeps_one_connection_per_thread():
     args = procs.web_args(8123, threads=2)
-    assert args[args.index("--threads") + 1] == args[args.index("--worker-connections") + 1] \
-        == "2"
+    assert args[args.index("--threads") + 1] == args[args.index("--worker-connections") + 1] == "2"
 
 
 def test_worker_and_gateway_change_only_the_options_asked_for():
     worker = as_module(procfile_line("worker"))
     changed = procs.worker_args(1, 4)
-    assert [(a, b) for a, b in zip(worker, changed, strict=True) if a != b] == [("2", "1"),
-                                                                             ("8", "4")]
+    assert [(a, b) for a, b in zip(worker, changed, strict=True) if a != b] == [
+        ("2", "1"),
+        ("8", "4"),
+    ]
     assert procs.worker_args() == worker
     gateway = procs.gateway_args(9191)
     assert gateway[:-1] == as_module(procfile_line("gateway"))[:-1] and gateway[-1] == "9191"
@@ -57,8 +59,9 @@ def test_worker_and_gateway_change_only_the_options_asked_for():
 
 
 def test_a_procfile_is_parsed_and_expanded_as_a_shell_would():
-    parsed = procs.parse_procfile("# comment\n\nweb: serve --port ${PORT:-80} ${EXTRA}\n"
-                                  "worker:run --n 2\n")
+    parsed = procs.parse_procfile(
+        "# comment\n\nweb: serve --port ${PORT:-80} ${EXTRA}\nworker:run --n 2\n"
+    )
     assert parsed == {"web": "serve --port ${PORT:-80} ${EXTRA}", "worker": "run --n 2"}
     assert procs.expand("serve --port ${PORT:-80}", {}) == "serve --port 80"
     assert procs.expand("serve --port ${PORT:-80}", {"PORT": 81}) == "serve --port 81"

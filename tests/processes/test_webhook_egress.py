@@ -29,16 +29,20 @@ PUBLIC = "93.184.215.14"
 #: loopback, so no test sends anything off this machine.
 STAND_IN = "127.0.0.2"
 #: Like the relay tests' settings, with the check on.
-CHECKED = RelayConfig.from_config(Config(), timeout_seconds=1.0, lease_seconds=10.0,
-                                  backoff_base_seconds=0.05, backoff_max_seconds=0.4)
+CHECKED = RelayConfig.from_config(
+    Config(),
+    timeout_seconds=1.0,
+    lease_seconds=10.0,
+    backoff_base_seconds=0.05,
+    backoff_max_seconds=0.4,
+)
 
 
 class LoopbackReceiver:
     """An HTTP server on 127.0.0.1 that answers 200 and records each
     request's Host header and target."""
 
-    def __init__(self, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1",
-                 port: int = 0):
+    def __init__(self, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1", port: int = 0):
         self.requests: list[tuple[str, str]] = []
         self.server_names: list[str | None] = []  # SNI, when TLS
         received = self.requests
@@ -94,9 +98,28 @@ def tls_receiver(tmp_path, monkeypatch):
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=hooks.test", "-addext", "subjectAltName=DNS:hooks.test",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=hooks.test",
+            "-addext",
+            "subjectAltName=DNS:hooks.test",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
@@ -106,8 +129,10 @@ def tls_receiver(tmp_path, monkeypatch):
 
 
 def _delivery(conn, endpoint_id) -> dict | None:
-    return conn.execute("SELECT attempts, last_status, last_error FROM webhook_deliveries"
-                        " WHERE endpoint_id = %s", (endpoint_id,)).fetchone()
+    return conn.execute(
+        "SELECT attempts, last_status, last_error FROM webhook_deliveries WHERE endpoint_id = %s",
+        (endpoint_id,),
+    ).fetchone()
 
 
 #: Another session on the shared server may hold the snapshot's xmin back
@@ -140,8 +165,7 @@ class Rebinding:
             return self._real(host, port, *args, **kwargs)
         self.answers += 1
         address = STAND_IN if self.answers == 1 else "127.0.0.1"
-        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
-                 (address, port or 0))]
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port or 0))]
 
 
 def test_a_rebinding_name_does_not_reach_loopback(conn, relay_for, receiver, monkeypatch):
@@ -152,12 +176,14 @@ def test_a_rebinding_name_does_not_reach_loopback(conn, relay_for, receiver, mon
     dns = Rebinding("rebind.test")
     monkeypatch.setattr(socket, "getaddrinfo", dns.getaddrinfo)
     real_is_public = webhooks.is_public
-    monkeypatch.setattr(webhooks, "is_public",
-                        lambda address: str(address) == STAND_IN or real_is_public(address))
+    monkeypatch.setattr(
+        webhooks, "is_public", lambda address: str(address) == STAND_IN or real_is_public(address)
+    )
     public = LoopbackReceiver(host=STAND_IN, port=receiver.port)
     try:
         endpoint = webhooks.create_endpoint(
-            conn, actor="alice", url=f"http://rebind.test:{receiver.port}/hooks")
+            conn, actor="alice", url=f"http://rebind.test:{receiver.port}/hooks"
+        )
         insert_event(conn, payer="alice")
 
         deliver(relay_for(CHECKED), conn, endpoint["id"])
@@ -170,8 +196,7 @@ def test_a_rebinding_name_does_not_reach_loopback(conn, relay_for, receiver, mon
     assert _delivery(conn, endpoint["id"])["last_status"] == 200
 
 
-def test_the_relay_sends_to_the_address_it_resolved_with_the_urls_host(
-        conn, relay_for, receiver):
+def test_the_relay_sends_to_the_address_it_resolved_with_the_urls_host(conn, relay_for, receiver):
     asked = []
 
     def resolve(host: str) -> list[str]:
@@ -180,11 +205,15 @@ def test_the_relay_sends_to_the_address_it_resolved_with_the_urls_host(
 
     # hooks.test resolves nowhere (RFC 6761): only the relay's own answer reaches the receiver.
     endpoint = webhooks.create_endpoint(
-        conn, actor="alice", url=f"http://hooks.test:{receiver.port}/in/paycron?v=1")
+        conn, actor="alice", url=f"http://hooks.test:{receiver.port}/in/paycron?v=1"
+    )
     insert_event(conn, payer="alice")
 
-    deliver(relay_for(dataclasses.replace(CHECKED, allow_private_hosts=True), resolve=resolve),
-            conn, endpoint["id"])
+    deliver(
+        relay_for(dataclasses.replace(CHECKED, allow_private_hosts=True), resolve=resolve),
+        conn,
+        endpoint["id"],
+    )
 
     assert receiver.requests == [(f"hooks.test:{receiver.port}", "/in/paycron?v=1")]
     assert asked == ["hooks.test"]
@@ -193,16 +222,24 @@ def test_the_relay_sends_to_the_address_it_resolved_with_the_urls_host(
 
 @pytest.mark.parametrize("name, delivered", [("hooks.test", True), ("other.test", False)])
 def test_https_is_verified_against_the_urls_host_not_the_address(
-        conn, relay_for, tls_receiver, name, delivered):
+    conn, relay_for, tls_receiver, name, delivered
+):
     """Connected to 127.0.0.1, the relay still sends the URL's host as SNI
     and requires a certificate for it: other.test's URL gets hooks.test's
     certificate and is refused."""
     endpoint = webhooks.create_endpoint(
-        conn, actor="alice", url=f"https://{name}:{tls_receiver.port}/hooks")
+        conn, actor="alice", url=f"https://{name}:{tls_receiver.port}/hooks"
+    )
     insert_event(conn, payer="alice")
 
-    deliver(relay_for(dataclasses.replace(CHECKED, allow_private_hosts=True),
-                      resolve=lambda host: ["127.0.0.1"]), conn, endpoint["id"])
+    deliver(
+        relay_for(
+            dataclasses.replace(CHECKED, allow_private_hosts=True),
+            resolve=lambda host: ["127.0.0.1"],
+        ),
+        conn,
+        endpoint["id"],
+    )
 
     assert tls_receiver.server_names == [name]
     row = _delivery(conn, endpoint["id"])
@@ -216,7 +253,8 @@ def test_https_is_verified_against_the_urls_host_not_the_address(
 
 def test_the_relay_refuses_a_name_that_resolves_to_loopback(conn, relay_for, receiver):
     endpoint = webhooks.create_endpoint(
-        conn, actor="alice", url=f"http://hooks.test:{receiver.port}/")
+        conn, actor="alice", url=f"http://hooks.test:{receiver.port}/"
+    )
     insert_event(conn, payer="alice")
 
     deliver(relay_for(CHECKED, resolve=lambda host: [PUBLIC, "127.0.0.1"]), conn, endpoint["id"])
@@ -225,38 +263,50 @@ def test_the_relay_refuses_a_name_that_resolves_to_loopback(conn, relay_for, rec
     assert _delivery(conn, endpoint["id"])["last_error"] == "forbidden_destination"
 
 
-@pytest.mark.parametrize("address", [
-    "64:ff9b::7f00:1",  # NAT64 (RFC 6052) of 127.0.0.1
-    "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254, the metadata service
-    "64:ff9b::a00:1",  # NAT64 of 10.0.0.1
-    "64:ff9b:1::7f00:1",  # local-use NAT64 (RFC 8215)
-    "2002:7f00:1::",  # 6to4 of 127.0.0.1
-    "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
-    "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo, client 127.0.0.1
-    "::ffff:127.0.0.1",  # IPv4-mapped
-    "::ffff:10.0.0.1",
-    "::7f00:1",  # IPv4-compatible 127.0.0.1
-    "::a9fe:a9fe",  # IPv4-compatible 169.254.169.254
-])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "64:ff9b::7f00:1",  # NAT64 (RFC 6052) of 127.0.0.1
+        "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254, the metadata service
+        "64:ff9b::a00:1",  # NAT64 of 10.0.0.1
+        "64:ff9b:1::7f00:1",  # local-use NAT64 (RFC 8215)
+        "2002:7f00:1::",  # 6to4 of 127.0.0.1
+        "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
+        "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo, client 127.0.0.1
+        "::ffff:127.0.0.1",  # IPv4-mapped
+        "::ffff:10.0.0.1",
+        "::7f00:1",  # IPv4-compatible 127.0.0.1
+        "::a9fe:a9fe",  # IPv4-compatible 169.254.169.254
+    ],
+)
 def test_ipv4_embedded_in_ipv6_is_checked(address):
     assert webhooks.forbidden_destination(f"http://[{address}]/hook") is not None
-    assert webhooks.forbidden_destination("http://hooks.test/hook",
-                                          resolve=lambda host: [address]) is not None
+    assert (
+        webhooks.forbidden_destination("http://hooks.test/hook", resolve=lambda host: [address])
+        is not None
+    )
 
 
-@pytest.mark.parametrize("address", [
-    PUBLIC, "2606:2800:21f:cb07:6820:80da:af6b:8b2c",
-    "64:ff9b::5db8:d70e",  # NAT64 of the public address: the translator reaches it
-    "2002:5db8:d70e::1",  # 6to4 of it
-])
+@pytest.mark.parametrize(
+    "address",
+    [
+        PUBLIC,
+        "2606:2800:21f:cb07:6820:80da:af6b:8b2c",
+        "64:ff9b::5db8:d70e",  # NAT64 of the public address: the translator reaches it
+        "2002:5db8:d70e::1",  # 6to4 of it
+    ],
+)
 def test_public_addresses_pass(address):
-    assert webhooks.forbidden_destination("http://hooks.test/hook",
-                                          resolve=lambda host: [address]) is None
+    assert (
+        webhooks.forbidden_destination("http://hooks.test/hook", resolve=lambda host: [address])
+        is None
+    )
 
 
 @pytest.mark.parametrize("answer", [["10.0.0.7"], ["fd00::7"], [PUBLIC, "64:ff9b::a00:7"]])
-def test_the_registration_error_names_the_rule_not_the_address(config, alice, conn, answer,
-                                                                  monkeypatch):
+def test_the_registration_error_names_the_rule_not_the_address(
+    config, alice, conn, answer, monkeypatch
+):
     from web import create_app
 
     real = socket.getaddrinfo
@@ -264,15 +314,23 @@ def test_the_registration_error_names_the_rule_not_the_address(config, alice, co
     def resolve(host, port, *args, **kwargs):
         if host != "internal.example":
             return real(host, port, *args, **kwargs)
-        return [(socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM,
-                 socket.IPPROTO_TCP, "", (a, 0)) for a in answer]
+        return [
+            (
+                socket.AF_INET6 if ":" in a else socket.AF_INET,
+                socket.SOCK_STREAM,
+                socket.IPPROTO_TCP,
+                "",
+                (a, 0),
+            )
+            for a in answer
+        ]
 
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
     app = create_app(config.with_overrides(webhook_allow_private_hosts=False))
     try:
-        response = app.test_client().post("/v1/webhook-endpoints",
-                                          json={"url": "http://internal.example/hook"},
-                                          headers=alice)
+        response = app.test_client().post(
+            "/v1/webhook-endpoints", json={"url": "http://internal.example/hook"}, headers=alice
+        )
     finally:
         app.extensions["paycron.pool"].close()
     assert response.status_code == 400

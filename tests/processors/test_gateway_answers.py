@@ -22,16 +22,29 @@ def charge(scripted, status, body=b"{}", headers=None):
     scripted.answers[100] = (status, headers or {}, body)
     client = HttpGateway(scripted.url, timeout=2)
     try:
-        return client.charge(ChargeRequest(
-            reference="r", idempotency_key="k", amount=100, currency="USD"))
+        return client.charge(
+            ChargeRequest(reference="r", idempotency_key="k", amount=100, currency="USD")
+        )
     finally:
         client.close()
 
 
-@pytest.mark.parametrize("header, expected", [
-    ("2.5", 2.5), ("0", 1.0), ("0.01", 1.0), ("86400000", 3600.0), ("3600", 3600.0),
-    ("-5", None), ("inf", None), ("-inf", None), ("nan", None), ("soon", None), (None, None),
-])
+@pytest.mark.parametrize(
+    "header, expected",
+    [
+        ("2.5", 2.5),
+        ("0", 1.0),
+        ("0.01", 1.0),
+        ("86400000", 3600.0),
+        ("3600", 3600.0),
+        ("-5", None),
+        ("inf", None),
+        ("-inf", None),
+        ("nan", None),
+        ("soon", None),
+        (None, None),
+    ],
+)
 def test_retry_after_is_clamped_and_absurd_values_ignored(scripted, header, expected):
     headers = {} if header is None else {"Retry-After": header}
     result = charge(scripted, 429, headers=headers)
@@ -39,8 +52,9 @@ def test_retry_after_is_clamped_and_absurd_values_ignored(scripted, header, expe
     assert result.retry_after == expected
 
 
-@pytest.mark.parametrize("body", [b"not json", b"{}", b'{"id": 5}', b'{"id": ""}', b"[]",
-                                  b"null", b'"ch_1"'])
+@pytest.mark.parametrize(
+    "body", [b"not json", b"{}", b'{"id": 5}', b'{"id": ""}', b"[]", b"null", b'"ch_1"']
+)
 def test_a_malformed_2xx_is_ambiguous_for_that_payment(scripted, body):
     result = charge(scripted, 200, body=body)
     assert (result.outcome, result.in_doubt) == (Outcome.AMBIGUOUS, True)
@@ -59,9 +73,13 @@ def test_one_bad_answer_does_not_lose_its_groups_outcomes(config, conn, scripted
     pool = make_pool(config, max_size=2, name="test-answers")
     gateway = HttpGateway(scripted.url, timeout=2)
     try:
-        executor = Executor(config=config, pool=pool, gateway=gateway, call_limiter=None,
-                            breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url),
-                                                   config))
+        executor = Executor(
+            config=config,
+            pool=pool,
+            gateway=gateway,
+            call_limiter=None,
+            breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url), config),
+        )
         claims = claim_due(conn, limit=10, lease_seconds=30)
         assert len(claims) == 3
         counts = executor.execute(claims)
@@ -69,12 +87,21 @@ def test_one_bad_answer_does_not_lose_its_groups_outcomes(config, conn, scripted
         gateway.close()
         pool.close()
     assert counts.calls == 3
-    rows = {r["id"]: r for r in conn.execute(
-        "SELECT p.id, p.status, p.in_doubt, a.outcome, a.gateway_ref, a.error_code"
-        " FROM payments p JOIN attempts a ON a.payment_id = p.id").fetchall()}
-    assert (rows[good["id"]]["status"], rows[good["id"]]["gateway_ref"]) == ("COMPLETED",
-                                                                            "ch_good")
-    assert (rows[malformed["id"]]["status"], rows[malformed["id"]]["in_doubt"],
-            rows[malformed["id"]]["outcome"]) == ("PENDING", True, "AMBIGUOUS")
-    assert (rows[unwritable["id"]]["status"], rows[unwritable["id"]]["outcome"],
-            rows[unwritable["id"]]["gateway_ref"]) == ("COMPLETED", "SUCCEEDED", UNWRITABLE)
+    rows = {
+        r["id"]: r
+        for r in conn.execute(
+            "SELECT p.id, p.status, p.in_doubt, a.outcome, a.gateway_ref, a.error_code"
+            " FROM payments p JOIN attempts a ON a.payment_id = p.id"
+        ).fetchall()
+    }
+    assert (rows[good["id"]]["status"], rows[good["id"]]["gateway_ref"]) == ("COMPLETED", "ch_good")
+    assert (
+        rows[malformed["id"]]["status"],
+        rows[malformed["id"]]["in_doubt"],
+        rows[malformed["id"]]["outcome"],
+    ) == ("PENDING", True, "AMBIGUOUS")
+    assert (
+        rows[unwritable["id"]]["status"],
+        rows[unwritable["id"]]["outcome"],
+        rows[unwritable["id"]]["gateway_ref"],
+    ) == ("COMPLETED", "SUCCEEDED", UNWRITABLE)

@@ -33,8 +33,9 @@ def engine(stripe_config, gateway):
 
 @pytest.fixture
 def service(stripe_config, engine):
-    svc = GatewayEventService(config=stripe_config, pool=engine.pool,
-                              gateway=build_gateway(stripe_config))
+    svc = GatewayEventService(
+        config=stripe_config, pool=engine.pool, gateway=build_gateway(stripe_config)
+    )
     yield svc
     svc.close()
 
@@ -43,8 +44,9 @@ def service(stripe_config, engine):
 def web(stripe_config):
     from web import create_app
 
-    app = create_app(stripe_config.with_overrides(
-        stripe_webhook_secret=("whsec_old_rotated_out", SECRET)))
+    app = create_app(
+        stripe_config.with_overrides(stripe_webhook_secret=("whsec_old_rotated_out", SECRET))
+    )
     yield app.test_client()
     app.extensions["paycron.pool"].close()
 
@@ -70,22 +72,21 @@ def events_of(gateway, intent: str) -> list[dict]:
 
 def deliver(web, event: dict, **headers):
     payload = json.dumps(event).encode()
-    return web.post("/v1/gateway-events/stripe", data=payload,
-                    headers=headers or signed(payload))
+    return web.post("/v1/gateway-events/stripe", data=payload, headers=headers or signed(payload))
 
 
 def settled_event(gateway, intent: str, kind: str) -> dict:
     """Settle the debit at the stub; the event it made, as Stripe sends it."""
     gateway.stripe_settle(intent)
     [summary] = [e for e in events_of(gateway, intent) if e["type"] == kind]
-    answer = gateway.http.get(f"/stripe/v1/events/{summary['id']}",
-                              headers={"Authorization": f"Bearer {STRIPE_API_KEY}"})
+    answer = gateway.http.get(
+        f"/stripe/v1/events/{summary['id']}", headers={"Authorization": f"Bearer {STRIPE_API_KEY}"}
+    )
     answer.raise_for_status()
     return answer.json()
 
 
-def test_a_bank_debit_waits_then_settles_from_its_signed_event(engine, service, web, conn,
-                                                               gateway):
+def test_a_bank_debit_waits_then_settles_from_its_signed_event(engine, service, web, conn, gateway):
     row = waiting(engine, conn)
     intent = row["gateway_intent_id"]
     assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["SUBMITTED"]
@@ -105,8 +106,7 @@ def test_a_bank_debit_waits_then_settles_from_its_signed_event(engine, service, 
 
 def test_a_failed_debit_fails_the_payment_declined(engine, service, web, conn, gateway):
     row = waiting(engine, conn, method="pm_bank_processing_fails")
-    deliver(web, settled_event(gateway, row["gateway_intent_id"],
-                               "payment_intent.payment_failed"))
+    deliver(web, settled_event(gateway, row["gateway_intent_id"], "payment_intent.payment_failed"))
     service.run_once()
     done = payment(conn, row["id"])
     assert (done["status"], done["failure_reason"]) == ("FAILED", "DECLINED")
@@ -123,22 +123,31 @@ def test_the_same_event_twice_is_one_transition(engine, service, web, conn, gate
     assert count(conn, "gateway_events") == 1
 
 
-@pytest.mark.parametrize("headers", [
-    {},  # no signature
-    {"Stripe-Signature": "t=1,v1=deadbeef"},  # a wrong one
-    "stale",  # a good signature, ten minutes old
-    "other-secret",  # signed with a secret we do not hold
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},  # no signature
+        {"Stripe-Signature": "t=1,v1=deadbeef"},  # a wrong one
+        "stale",  # a good signature, ten minutes old
+        "other-secret",  # signed with a secret we do not hold
+    ],
+)
 def test_a_bad_signature_stores_nothing(web, conn, headers):
-    event = {"id": "evt_1", "type": "payment_intent.succeeded",
-             "data": {"object": {"id": "pi_1", "metadata": {}}}}
+    event = {
+        "id": "evt_1",
+        "type": "payment_intent.succeeded",
+        "data": {"object": {"id": "pi_1", "metadata": {}}},
+    }
     payload = json.dumps(event).encode()
     if headers == "stale":
         headers = signed(payload, at=int(time.time()) - 600)
     elif headers == "other-secret":
         headers = signed(payload, secret="whsec_someone_else")
-    answer = web.post("/v1/gateway-events/stripe", data=payload,
-                      headers={"Content-Type": "application/json", **headers})
+    answer = web.post(
+        "/v1/gateway-events/stripe",
+        data=payload,
+        headers={"Content-Type": "application/json", **headers},
+    )
     assert answer.status_code == 400 and answer.json["code"] == "INVALID_SIGNATURE"
     assert count(conn, "gateway_events") == 0
 
@@ -158,8 +167,9 @@ def test_a_lost_event_is_made_good_by_the_poller(engine, service, conn, gateway)
     row = waiting(engine, conn)
     gateway.stripe_settle(row["gateway_intent_id"])  # its event is never delivered
     assert service.run_once().polled == 0  # not due before GATEWAY_POLL_SECONDS
-    conn.execute("UPDATE payments SET next_poll_at = now() - interval '1 second' "
-                 "WHERE id = %s", (row["id"],))
+    conn.execute(
+        "UPDATE payments SET next_poll_at = now() - interval '1 second' WHERE id = %s", (row["id"],)
+    )
     counts = service.run_once()
     assert (counts.polled, counts.settled) == (1, 1)
     assert payment(conn, row["id"])["status"] == "COMPLETED"
@@ -167,8 +177,9 @@ def test_a_lost_event_is_made_good_by_the_poller(engine, service, conn, gateway)
 
 def test_a_poll_that_finds_it_still_processing_backs_off(engine, service, conn, gateway):
     row = waiting(engine, conn)
-    conn.execute("UPDATE payments SET next_poll_at = now() - interval '1 second' "
-                 "WHERE id = %s", (row["id"],))
+    conn.execute(
+        "UPDATE payments SET next_poll_at = now() - interval '1 second' WHERE id = %s", (row["id"],)
+    )
     service.run_once()
     after = payment(conn, row["id"])
     assert (after["status"], after["polls"]) == ("AWAITING_GATEWAY", 1)
@@ -176,20 +187,29 @@ def test_a_poll_that_finds_it_still_processing_backs_off(engine, service, conn, 
     assert 1700 < wait <= 1800  # then 30 min, 2 h, every 12 h
 
 
-def test_an_event_for_another_intent_of_the_payment_changes_nothing(engine, service, web, conn,
-                                                                     gateway):
+def test_an_event_for_another_intent_of_the_payment_changes_nothing(
+    engine, service, web, conn, gateway
+):
     row = waiting(engine, conn)
-    other = gateway.stripe_client().v1.payment_intents.create(params={
-        "amount": row["amount_minor"], "currency": "usd", "customer": "cus_bank",
-        "payment_method": "pm_bank_processing_fails", "confirm": True, "off_session": True,
-        "metadata": {"paycron_payment_id": str(row["id"])}})
+    other = gateway.stripe_client().v1.payment_intents.create(
+        params={
+            "amount": row["amount_minor"],
+            "currency": "usd",
+            "customer": "cus_bank",
+            "payment_method": "pm_bank_processing_fails",
+            "confirm": True,
+            "off_session": True,
+            "metadata": {"paycron_payment_id": str(row["id"])},
+        }
+    )
     deliver(web, settled_event(gateway, other.id, "payment_intent.payment_failed"))
     service.run_once()
     assert payment(conn, row["id"])["status"] == "AWAITING_GATEWAY"
 
 
 def test_an_event_whose_contents_disagree_with_the_processor_changes_nothing(
-        engine, service, web, conn, gateway):
+    engine, service, web, conn, gateway
+):
     row = waiting(engine, conn)
     victim = waiting(engine, conn)
     event = settled_event(gateway, row["gateway_intent_id"], "payment_intent.succeeded")
@@ -199,17 +219,23 @@ def test_an_event_whose_contents_disagree_with_the_processor_changes_nothing(
     deliver(web, event)
     service.run_once()
     assert payment(conn, victim["id"])["status"] == "AWAITING_GATEWAY"
-    assert conn.execute("SELECT result FROM gateway_events WHERE id = 'evt_forged_contents'"
-                        ).fetchone()["result"] == "disagrees"
+    assert (
+        conn.execute(
+            "SELECT result FROM gateway_events WHERE id = 'evt_forged_contents'"
+        ).fetchone()["result"]
+        == "disagrees"
+    )
 
 
-def test_an_event_before_its_payment_recorded_the_call_waits(engine, service, web, conn,
-                                                             gateway):
+def test_an_event_before_its_payment_recorded_the_call_waits(engine, service, web, conn, gateway):
     row = waiting(engine, conn)
     event = settled_event(gateway, row["gateway_intent_id"], "payment_intent.succeeded")
     # as if the worker had not written its answer yet
-    conn.execute("UPDATE payments SET status = 'PENDING', gateway_intent_id = NULL, "
-                 "awaiting_since = NULL, next_poll_at = NULL WHERE id = %s", (row["id"],))
+    conn.execute(
+        "UPDATE payments SET status = 'PENDING', gateway_intent_id = NULL, "
+        "awaiting_since = NULL, next_poll_at = NULL WHERE id = %s",
+        (row["id"],),
+    )
     deliver(web, event)
     assert service.run_once().waiting == 1
     pending = conn.execute("SELECT applied_at, next_attempt_at FROM gateway_events").fetchone()
@@ -222,12 +248,13 @@ def test_an_event_before_its_payment_recorded_the_call_waits(engine, service, we
     assert gateway.succeeded_per_payment_id() == {str(row["id"]): 1}
 
 
-def test_a_success_for_a_failed_payments_intent_pages(engine, service, web, conn, gateway,
-                                                      caplog):
+def test_a_success_for_a_failed_payments_intent_pages(engine, service, web, conn, gateway, caplog):
     row = waiting(engine, conn)
     event = settled_event(gateway, row["gateway_intent_id"], "payment_intent.succeeded")
-    conn.execute("UPDATE payments SET status = 'FAILED', failure_reason = 'DECLINED' "
-                 "WHERE id = %s", (row["id"],))
+    conn.execute(
+        "UPDATE payments SET status = 'FAILED', failure_reason = 'DECLINED' WHERE id = %s",
+        (row["id"],),
+    )
     deliver(web, event)
     with caplog.at_level(logging.ERROR):
         assert service.run_once().paged == 1
@@ -242,33 +269,52 @@ def test_a_waiting_payment_cannot_be_cancelled(engine, conn, gateway, stripe_con
     try:
         key = make_key("alice")
         row = waiting(engine, conn)
-        answer = app.test_client().delete(f"/v1/scheduled-payments/{row['id']}",
-                                          headers={"Authorization": f"Bearer {key}"})
+        answer = app.test_client().delete(
+            f"/v1/scheduled-payments/{row['id']}", headers={"Authorization": f"Bearer {key}"}
+        )
         assert answer.status_code == 409 and answer.json["code"] == "ALREADY_PROCESSING"
     finally:
         app.extensions["paycron.pool"].close()
 
 
-def test_a_redrive_that_finds_the_debit_processing_waits_for_it(engine, conn, gateway,
-                                                                 stripe_config):
+def test_a_redrive_that_finds_the_debit_processing_waits_for_it(
+    engine, conn, gateway, stripe_config
+):
     from paycron.engine import dead_letters
 
-    row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED",
-                         in_doubt=True, customer="cus_bank",
-                         payment_method="pm_bank_processing_succeeds",
-                         calls_land_by=datetime.now(UTC) - timedelta(seconds=1))
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-                 "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-                 (row["id"], row["due_at"], row["payer"]))
-    intent = gateway.stripe_client().v1.payment_intents.create(params={
-        "amount": row["amount_minor"], "currency": "usd", "customer": "cus_bank",
-        "payment_method": "pm_bank_processing_succeeds", "confirm": True, "off_session": True,
-        "metadata": {"paycron_payment_id": str(row["id"])}})
+    row = insert_payment(
+        conn,
+        status="FAILED",
+        failure_reason="RETRIES_EXHAUSTED",
+        in_doubt=True,
+        customer="cus_bank",
+        payment_method="pm_bank_processing_succeeds",
+        calls_land_by=datetime.now(UTC) - timedelta(seconds=1),
+    )
+    conn.execute(
+        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
+        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
+        (row["id"], row["due_at"], row["payer"]),
+    )
+    intent = gateway.stripe_client().v1.payment_intents.create(
+        params={
+            "amount": row["amount_minor"],
+            "currency": "usd",
+            "customer": "cus_bank",
+            "payment_method": "pm_bank_processing_succeeds",
+            "confirm": True,
+            "off_session": True,
+            "metadata": {"paycron_payment_id": str(row["id"])},
+        }
+    )
     result = dead_letters.redrive(conn, engine.gateway, row["id"], actor="ops")
     after = payment(conn, row["id"])
     assert result.action == "awaiting_gateway"
     assert (after["status"], after["gateway_intent_id"], after["in_doubt"]) == (
-        "AWAITING_GATEWAY", intent.id, False)
+        "AWAITING_GATEWAY",
+        intent.id,
+        False,
+    )
 
 
 def test_waiting_payments_are_counted_with_their_age(engine, conn, gateway):

@@ -53,16 +53,19 @@ def test_detached_days_forget_their_idempotency_keys_and_only_theirs(conn, confi
     settled, pending, _ = old_days
     live_old = insert_payment(conn, due_at=at_noon(pending), status="PENDING")
     recent = insert_payment(conn, due_at=datetime.now(UTC) + timedelta(days=1))
-    gone = [insert_payment(conn, due_at=at_noon(settled), status="COMPLETED"),
-            insert_payment(conn, due_at=at_noon(settled) + timedelta(hours=11),
-                           status="COMPLETED")]
+    gone = [
+        insert_payment(conn, due_at=at_noon(settled), status="COMPLETED"),
+        insert_payment(conn, due_at=at_noon(settled) + timedelta(hours=11), status="COMPLETED"),
+    ]
     keys = [(r["id"], r["due_at"]) for r in (live_old, recent, *gone)]
     # a day detached by an earlier run whose cleanup was cut short
     keys.append((uuid.uuid4(), at_noon(settled - timedelta(days=50))))
     for payment_id, due_at in keys:
-        conn.execute("INSERT INTO idempotency_keys (actor, key, request_hash, payment_id, "
-                     "due_at) VALUES ('alice', %s, '\\x00', %s, %s)",
-                     (str(payment_id), payment_id, due_at))
+        conn.execute(
+            "INSERT INTO idempotency_keys (actor, key, request_hash, payment_id, "
+            "due_at) VALUES ('alice', %s, '\\x00', %s, %s)",
+            (str(payment_id), payment_id, due_at),
+        )
     assert partitions.partition_name(settled) in partitions.detach_settled(conn, config)
     left = {r["payment_id"] for r in conn.execute("SELECT payment_id FROM idempotency_keys")}
     assert left == {live_old["id"], recent["id"]}
@@ -72,7 +75,8 @@ def test_an_open_dead_letter_keeps_its_partition(conn, config, old_days):
     day = old_days[0]
     park(conn, due_at=at_noon(day))
     assert partitions.detach_settled(conn, config) == [
-        partitions.partition_name(d) for d in sorted(old_days[1:])]
+        partitions.partition_name(d) for d in sorted(old_days[1:])
+    ]
     assert day in partitions.existing_days(conn)
 
 

@@ -15,13 +15,17 @@ from tests.rows import payment as row_of
 
 
 def expire(conn, payment_id):
-    conn.execute("UPDATE payments SET lease_until = now() - interval '1 second' "
-                 "WHERE id = %s AND status = 'PROCESSING'", (payment_id,))
+    conn.execute(
+        "UPDATE payments SET lease_until = now() - interval '1 second' "
+        "WHERE id = %s AND status = 'PROCESSING'",
+        (payment_id,),
+    )
 
 
 def attempt_of(conn, payment_id, n):
-    return conn.execute("SELECT * FROM attempts WHERE payment_id = %s AND attempt = %s",
-                        (payment_id, n)).fetchone()
+    return conn.execute(
+        "SELECT * FROM attempts WHERE payment_id = %s AND attempt = %s", (payment_id, n)
+    ).fetchone()
 
 
 def started(engine, conn):
@@ -34,16 +38,24 @@ def started(engine, conn):
 
 def test_seed_every_state_reap_only_expired_processing(engine, conn):
     past = datetime.now(UTC) - timedelta(seconds=5)
-    rows = {s: insert_payment(conn, status=s, lease_until=past if s == "PROCESSING" else None)
-            for s in ("PENDING", "COMPLETED", "FAILED", "CANCELLED")}
+    rows = {
+        s: insert_payment(conn, status=s, lease_until=past if s == "PROCESSING" else None)
+        for s in ("PENDING", "COMPLETED", "FAILED", "CANCELLED")
+    }
     rows["PROCESSING"] = insert_payment(conn, status="PROCESSING", attempt=1, lease_until=past)
-    live = insert_payment(conn, status="PROCESSING", attempt=1,
-                          lease_until=datetime.now(UTC) + timedelta(minutes=1))
+    live = insert_payment(
+        conn, status="PROCESSING", attempt=1, lease_until=datetime.now(UTC) + timedelta(minutes=1)
+    )
     counts = engine.reaper.run_once()
     assert counts.reaped == 1
     after = {s: row_of(conn, r["id"])["status"] for s, r in rows.items()}
-    assert after == {"PENDING": "PENDING", "COMPLETED": "COMPLETED", "FAILED": "FAILED",
-                     "CANCELLED": "CANCELLED", "PROCESSING": "PENDING"}
+    assert after == {
+        "PENDING": "PENDING",
+        "COMPLETED": "COMPLETED",
+        "FAILED": "FAILED",
+        "CANCELLED": "CANCELLED",
+        "PROCESSING": "PENDING",
+    }
     assert row_of(conn, live["id"])["status"] == "PROCESSING"
     reaped = row_of(conn, rows["PROCESSING"]["id"])
     assert (reaped["attempt"], reaped["lease_expiries"], reaped["lease_until"]) == (1, 1, None)
@@ -66,8 +78,9 @@ def test_the_zombies_late_outcome_is_kept_but_changes_no_status(engine, conn, ga
     [(claims, _)] = engine.sweep()  # re-claimed as attempt 2
     assert claims[0].attempt == 2
     # The zombie finishes late with a success it really got.
-    zombie = Finished(row, CallResult(Outcome.SUCCEEDED, gateway_ref="ch_zombie"),
-                      Decision(Status.COMPLETED))
+    zombie = Finished(
+        row, CallResult(Outcome.SUCCEEDED, gateway_ref="ch_zombie"), Decision(Status.COMPLETED)
+    )
     [result] = transitions.finish(engine.pool, [zombie])
     assert result["recorded"] and not result["moved"]
     assert attempt_of(conn, row["id"], 1)["outcome"] == "SUCCEEDED"  # LEASE_EXPIRED overwritten
@@ -82,8 +95,11 @@ def test_a_zombie_failure_cannot_fail_a_reclaimed_payment(engine, conn):
     expire(conn, row["id"])
     engine.reaper.run_once()
     engine.sweep()
-    zombie = Finished(row, CallResult(Outcome.DECLINED, error_code="card_declined"),
-                      Decision(Status.FAILED, failure_reason=None))
+    zombie = Finished(
+        row,
+        CallResult(Outcome.DECLINED, error_code="card_declined"),
+        Decision(Status.FAILED, failure_reason=None),
+    )
     transitions.finish(engine.pool, [zombie])
     assert row_of(conn, row["id"])["status"] == "PROCESSING"
 
@@ -93,8 +109,9 @@ def test_the_reaper_never_touches_a_row_that_completed(engine, conn, gateway):
     # The lease ran out while the call was in flight, but the worker answers
     # first: the row is COMPLETED when the reaper looks.
     expire(conn, row["id"])
-    done = Finished(row, CallResult(Outcome.SUCCEEDED, gateway_ref="ch_1"),
-                    Decision(Status.COMPLETED))
+    done = Finished(
+        row, CallResult(Outcome.SUCCEEDED, gateway_ref="ch_1"), Decision(Status.COMPLETED)
+    )
     transitions.finish(engine.pool, [done])
     assert engine.reaper.run_once().reaped == 0
     final = row_of(conn, row["id"])
@@ -105,8 +122,14 @@ def test_the_reaper_never_touches_a_row_that_completed(engine, conn, gateway):
 def test_a_reclaimed_payment_is_charged_once(engine, conn, gateway):
     claim, row = started(engine, conn)
     # The zombie's call lands at the gateway but it never records it.
-    engine.gateway.charge(ChargeRequest(reference=str(row["id"]), idempotency_key=str(row["id"]),
-                                        amount=row["amount_minor"], currency="USD"))
+    engine.gateway.charge(
+        ChargeRequest(
+            reference=str(row["id"]),
+            idempotency_key=str(row["id"]),
+            amount=row["amount_minor"],
+            currency="USD",
+        )
+    )
     expire(conn, row["id"])
     engine.reaper.run_once()
     engine.drain()

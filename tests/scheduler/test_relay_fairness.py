@@ -17,8 +17,10 @@ def _endpoints(conn, actor: str, n: int) -> None:
 def _claim(conn, limit: int) -> list[str]:
     """The actors of the endpoints one claim leased."""
     leases = webhooks.claim_endpoints(conn, limit=limit, lease_seconds=30)
-    actor_of = {r["id"]: r["actor"] for r in conn.execute(
-        "SELECT id, actor FROM webhook_endpoints").fetchall()}
+    actor_of = {
+        r["id"]: r["actor"]
+        for r in conn.execute("SELECT id, actor FROM webhook_endpoints").fetchall()
+    }
     return sorted(actor_of[lease.endpoint_id] for lease in leases)
 
 
@@ -34,8 +36,10 @@ def _seed(conn) -> None:
     last = insert_event(conn, payer="small")
     deadline = time.monotonic() + SETTLE_SECONDS
     while not conn.execute(
-            "SELECT txid < pg_snapshot_xmin(pg_current_snapshot()) AS sendable"
-            " FROM payment_events WHERE id = %s", (last,)).fetchone()["sendable"]:
+        "SELECT txid < pg_snapshot_xmin(pg_current_snapshot()) AS sendable"
+        " FROM payment_events WHERE id = %s",
+        (last,),
+    ).fetchone()["sendable"]:
         assert time.monotonic() < deadline, "the events never became sendable"
         time.sleep(0.02)
 

@@ -33,8 +33,9 @@ def make_engine(config, clock):
     def make(claim_ahead: int | None = None, **overrides):
         eng = Engine(config.with_overrides(**overrides), clock=clock)
         if claim_ahead is not None:
-            eng.sweeper.settings = dataclasses.replace(eng.sweeper.settings,
-                                                       claim_ahead=claim_ahead)
+            eng.sweeper.settings = dataclasses.replace(
+                eng.sweeper.settings, claim_ahead=claim_ahead
+            )
         engines.append(eng)
         return eng
 
@@ -62,15 +63,20 @@ def test_concurrent_sweepers_never_claim_a_row_twice(make_engine, conn):
     assert len(claimed) == 4000
     assert len(set(claimed)) == 4000
     assert all(len(e.messages) > 0 for e in sweepers), "every sweeper took part"
-    row = conn.execute("SELECT count(*) FILTER (WHERE status = 'PROCESSING' AND attempt = 1) "
-                       "AS n FROM payments").fetchone()
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE status = 'PROCESSING' AND attempt = 1) AS n FROM payments"
+    ).fetchone()
     assert row["n"] == 4000
 
 
 def test_a_full_batch_drains_and_messages_carry_small_groups(make_engine, conn):
     bulk_insert(conn, 250)
-    engine = make_engine(claim_batch=100, message_group_size=10, gateway_rate_limit=100_000,
-                         gateway_timeout_seconds=1)
+    engine = make_engine(
+        claim_batch=100,
+        message_group_size=10,
+        gateway_rate_limit=100_000,
+        gateway_timeout_seconds=1,
+    )
     counts = engine.sweeper.run_once()
     # 100, 100, 50, then one that claims nothing: the drain ends there
     assert counts.claimed == 250 and counts.batches == 4
@@ -94,8 +100,9 @@ def test_pacing_is_shared_by_every_sweeper(make_engine, conn):
     a = make_engine(gateway_rate_limit=10, lease_seconds=30, claim_ahead=10_000)
     b = make_engine(gateway_rate_limit=10, lease_seconds=30, claim_ahead=10_000)
     a.sweeper.run_once()  # warm the connections (the first touch of 375 partitions is slow)
-    claimed = conn.execute("SELECT count(*) AS n FROM payments WHERE status = 'PROCESSING'"
-                           ).fetchone()["n"]
+    claimed = conn.execute(
+        "SELECT count(*) AS n FROM payments WHERE status = 'PROCESSING'"
+    ).fetchone()["n"]
     started = time.monotonic()
     while time.monotonic() - started < 1.5:
         claimed += a.sweeper.run_once().claimed + b.sweeper.run_once().claimed
@@ -105,8 +112,11 @@ def test_pacing_is_shared_by_every_sweeper(make_engine, conn):
 
 
 def test_unused_tokens_are_given_back(make_engine, conn):
-    engine = make_engine(gateway_rate_limit=1, lease_seconds=300,  # capacity 75, 1/s refill
-                         claim_ahead=10_000)
+    engine = make_engine(
+        gateway_rate_limit=1,
+        lease_seconds=300,  # capacity 75, 1/s refill
+        claim_ahead=10_000,
+    )
     insert_payment(conn)
     assert engine.sweeper.run_once().claimed == 1  # took 75 tokens, used 1
     bulk_insert(conn, 200)
@@ -114,8 +124,7 @@ def test_unused_tokens_are_given_back(make_engine, conn):
     assert engine.sweeper.run_once().claimed >= 70
 
 
-def test_only_two_seconds_of_the_ceiling_are_queued_beyond_what_is_in_flight(
-        make_engine, conn):
+def test_only_two_seconds_of_the_ceiling_are_queued_beyond_what_is_in_flight(make_engine, conn):
     """At 50/s the sweep keeps 100 claims queued. 70 claims are queued (no
     attempt row yet) and 30 in flight (their IN_FLIGHT rows): room for 30,
     however many are due; the in-flight ones do not count against it."""
@@ -123,9 +132,11 @@ def test_only_two_seconds_of_the_ceiling_are_queued_beyond_what_is_in_flight(
         insert_payment(conn, status="PROCESSING", attempt=1)
     for _ in range(30):
         row = insert_payment(conn, status="PROCESSING", attempt=1)
-        conn.execute("INSERT INTO attempts (payment_id, attempt, gateway_key, outcome, due_at)"
-                     " VALUES (%s, 1, %s, 'IN_FLIGHT', %s)", (row["id"], str(row["id"]),
-                                                             row["due_at"]))
+        conn.execute(
+            "INSERT INTO attempts (payment_id, attempt, gateway_key, outcome, due_at)"
+            " VALUES (%s, 1, %s, 'IN_FLIGHT', %s)",
+            (row["id"], str(row["id"]), row["due_at"]),
+        )
     bulk_insert(conn, 200)
     engine = make_engine(gateway_rate_limit=50, lease_seconds=300)
     assert engine.sweeper.settings.claim_ahead == 100
@@ -148,10 +159,11 @@ def test_claims_are_shared_across_payers_oldest_first_within_each(make_engine, c
     10 takes 5 of each, alternating, each payer's oldest first, where a FIFO
     would have taken the first payer's 10 oldest."""
     base = datetime.now(UTC) - timedelta(minutes=10)
-    big = [insert_payment(conn, payer="big", due_at=base + timedelta(seconds=i))
-           for i in range(50)]
-    small = [insert_payment(conn, payer="small", due_at=base + timedelta(minutes=5, seconds=i))
-             for i in range(5)]
+    big = [insert_payment(conn, payer="big", due_at=base + timedelta(seconds=i)) for i in range(50)]
+    small = [
+        insert_payment(conn, payer="small", due_at=base + timedelta(minutes=5, seconds=i))
+        for i in range(5)
+    ]
     engine = make_engine(claim_batch=10, message_group_size=10, gateway_timeout_seconds=1)
     engine.sweeper.settings = dataclasses.replace(engine.sweeper.settings, claim_ahead=10)
     [(claims, _)] = engine.sweep()
@@ -167,8 +179,10 @@ def test_an_open_breaker_claims_nothing_and_workers_release(make_engine, conn, g
     engine.breaker.open()
     counts = engine.executor.execute(claims)
     assert counts.released == 3 and counts.calls == 0
-    after = {r["id"]: (r["status"], r["failures"], r["lease_until"]) for r in conn.execute(
-        "SELECT id, status, failures, lease_until FROM payments")}
+    after = {
+        r["id"]: (r["status"], r["failures"], r["lease_until"])
+        for r in conn.execute("SELECT id, status, failures, lease_until FROM payments")
+    }
     assert after == {r["id"]: ("PENDING", 0, None) for r in rows}
     assert engine.sweep() == []  # no claims while open: no attempts churned
     assert count(conn, "attempts") == 0
@@ -219,8 +233,10 @@ def test_the_breaker_trips_on_retryable_failures_not_on_declines(make_engine, co
     assert engine.breaker.state() is BreakerState.CLOSED  # 4 of 10 calls failed: < 0.5
     for _ in range(4):
         insert_payment(conn, amount_minor=50003)
-    conn.execute("UPDATE payments SET run_at = due_at + interval '1 hour' "
-                 "WHERE status = 'PENDING' AND attempt > 0")  # only the new ones are due
+    conn.execute(
+        "UPDATE payments SET run_at = due_at + interval '1 hour' "
+        "WHERE status = 'PENDING' AND attempt > 0"
+    )  # only the new ones are due
     engine.work()
     assert engine.breaker.state() is BreakerState.OPEN  # 8 of 14
 

@@ -27,11 +27,14 @@ def test_cancel_a_pending_payment(client, alice, conn):
     assert events(conn, row["id"]) == ["payment.cancelled"]
 
 
-@pytest.mark.parametrize("status,code", [
-    ("PROCESSING", "ALREADY_PROCESSING"),
-    ("COMPLETED", "ALREADY_COMPLETED"),
-    ("FAILED", "ALREADY_FAILED"),
-])
+@pytest.mark.parametrize(
+    "status,code",
+    [
+        ("PROCESSING", "ALREADY_PROCESSING"),
+        ("COMPLETED", "ALREADY_COMPLETED"),
+        ("FAILED", "ALREADY_FAILED"),
+    ],
+)
 def test_cancel_refused_by_status(client, alice, conn, status, code):
     row = insert_payment(conn, status=status)
     response = client.delete(f"{URL}/{row['id']}", headers=alice)
@@ -65,8 +68,9 @@ def _race_round(setup, claimer, cancellers, per_round) -> tuple[list, dict]:
         transitions.claim_due(claimer, limit=per_round, lease_seconds=60)
 
     threads = [threading.Thread(target=claim)] + [
-        threading.Thread(target=cancel_some, args=(c, rows[i::len(cancellers)]))
-        for i, c in enumerate(cancellers)]
+        threading.Thread(target=cancel_some, args=(c, rows[i :: len(cancellers)]))
+        for i, c in enumerate(cancellers)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -85,9 +89,13 @@ def test_cancel_and_claim_race_one_winner(database_url):
         try:
             for _ in range(40):
                 rows, answers = _race_round(setup, claimer, cancellers, per_round=25)
-                final = {r["id"]: r["status"] for r in setup.execute(
-                    "SELECT id, status FROM payments WHERE id = ANY(%s)",
-                    ([r["id"] for r in rows],))}
+                final = {
+                    r["id"]: r["status"]
+                    for r in setup.execute(
+                        "SELECT id, status FROM payments WHERE id = ANY(%s)",
+                        ([r["id"] for r in rows],),
+                    )
+                }
                 for row in rows:
                     tally[answers[row["id"]]] += 1
                     assert final[row["id"]] == expected[answers[row["id"]]]

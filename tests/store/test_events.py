@@ -26,8 +26,9 @@ def read(client, headers, *, after: str | None = None, limit: int | None = None)
     return response.get_json()
 
 
-def read_until(client, headers, count: int, *, after: str | None = None,
-               limit: int | None = None) -> tuple[list[dict], str]:
+def read_until(
+    client, headers, count: int, *, after: str | None = None, limit: int | None = None
+) -> tuple[list[dict], str]:
     """Polls the feed, following nextCursor, until ``count`` events came."""
     events, cursor = [], after
     deadline = time.monotonic() + SETTLE_SECONDS
@@ -41,16 +42,20 @@ def read_until(client, headers, count: int, *, after: str | None = None,
 
 
 def create_payment(client, headers, key: str) -> dict:
-    response = client.post("/v1/scheduled-payments", headers={**headers, "Idempotency-Key": key},
-                           json={"payee": "acme", "amount": 1000, "dueAt": iso(future())})
+    response = client.post(
+        "/v1/scheduled-payments",
+        headers={**headers, "Idempotency-Key": key},
+        json={"payee": "acme", "amount": 1000, "dueAt": iso(future())},
+    )
     assert response.status_code == 201
     return response.get_json()
 
 
 def test_the_feed_shows_the_callers_payment_events_in_order(client, alice, bob, conn):
     payment = create_payment(client, alice, "k1")
-    assert client.delete(f"/v1/scheduled-payments/{payment['id']}",
-                         headers=alice).status_code == 200
+    assert (
+        client.delete(f"/v1/scheduled-payments/{payment['id']}", headers=alice).status_code == 200
+    )
     theirs = insert_event(conn, payer="bob")
 
     events, cursor = read_until(client, alice, 2)
@@ -92,17 +97,20 @@ def test_the_feed_pages_and_a_client_polls_with_next_cursor(client, alice, conn)
     assert [e["id"] for e in events] == [later]
 
 
-@pytest.mark.parametrize("params, field", [
-    ({"after": "not-a-cursor"}, "after"),
-    ({"after": base64.urlsafe_b64encode(b"12.x").decode()}, "after"),
-    ({"after": base64.urlsafe_b64encode(b"-1.5").decode()}, "after"),
-    ({"after": base64.urlsafe_b64encode(b"99999999999999999999.1").decode()}, "after"),
-    ({"after": ""}, None),  # empty means "from the start"
-    ({"limit": "0"}, "limit"),
-    ({"limit": "501"}, "limit"),
-    ({"limit": "ten"}, "limit"),
-    ({"cursor": "abc"}, "cursor"),  # unknown parameters are refused, not ignored
-])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"after": "not-a-cursor"}, "after"),
+        ({"after": base64.urlsafe_b64encode(b"12.x").decode()}, "after"),
+        ({"after": base64.urlsafe_b64encode(b"-1.5").decode()}, "after"),
+        ({"after": base64.urlsafe_b64encode(b"99999999999999999999.1").decode()}, "after"),
+        ({"after": ""}, None),  # empty means "from the start"
+        ({"limit": "0"}, "limit"),
+        ({"limit": "501"}, "limit"),
+        ({"limit": "ten"}, "limit"),
+        ({"cursor": "abc"}, "cursor"),  # unknown parameters are refused, not ignored
+    ],
+)
 def test_bad_cursor_or_limit_is_a_400_naming_the_field(client, alice, params, field):
     response = client.get(URL, query_string=params, headers=alice)
     if field is None:
@@ -131,8 +139,12 @@ def test_an_event_that_commits_late_is_never_skipped(client, alice, conn, databa
         late = insert_event(conn)  # committed after it, with a larger txid and id
         assert early < late
         with psycopg.connect(database_url, row_factory=dict_row, autocommit=True) as other:
-            assert other.execute("SELECT count(*) AS n FROM payment_events WHERE id = %s",
-                                 (late,)).fetchone()["n"] == 1  # committed and visible...
+            assert (
+                other.execute(
+                    "SELECT count(*) AS n FROM payment_events WHERE id = %s", (late,)
+                ).fetchone()["n"]
+                == 1
+            )  # committed and visible...
         for _ in range(5):  # ...but the feed stops before the open transaction's position
             page = read(client, alice, after=start)
             assert page == {"data": [], "nextCursor": start}

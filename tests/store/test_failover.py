@@ -84,9 +84,11 @@ def _body(payee: str) -> dict:
 
 def _count(url: str, payee: str) -> int:
     with connect(Config(database_url=url)) as conn:
-        return conn.execute("SELECT count(*) AS n FROM payments WHERE payee = %s AND due_at"
-                            " BETWEEN now() AND now() + interval '2 hours'",
-                            (payee,)).fetchone()["n"]
+        return conn.execute(
+            "SELECT count(*) AS n FROM payments WHERE payee = %s AND due_at"
+            " BETWEEN now() AND now() + interval '2 hours'",
+            (payee,),
+        ).fetchone()["n"]
 
 
 def _in_thread(call, timeout: float):
@@ -107,7 +109,8 @@ def test_a_database_url_gets_failover_defaults_it_does_not_set_itself():
     assert kwargs["target_session_attrs"] == "read-write"
     assert "connect_timeout" not in kwargs  # the URL's own 9 s stands
     assert {k: kwargs[k] for k in CONNINFO_DEFAULTS if k != "connect_timeout"} == {
-        k: v for k, v in CONNINFO_DEFAULTS.items() if k != "connect_timeout"}
+        k: v for k, v in CONNINFO_DEFAULTS.items() if k != "connect_timeout"
+    }
     own = connection_kwargs(database_url="postgresql://u@a/db?target_session_attrs=any")
     assert "target_session_attrs" not in own
 
@@ -123,7 +126,8 @@ def test_a_statement_timeout_never_bounds_a_commit_wait(pair):
         conn.execute("CREATE TABLE IF NOT EXISTS waits (n int)")
         with standby_down(pair):
             thread, result, _ = _in_thread(
-                lambda: conn.execute("INSERT INTO waits VALUES (1)"), 1.5)
+                lambda: conn.execute("INSERT INTO waits VALUES (1)"), 1.5
+            )
             assert thread.is_alive(), "the commit did not wait for the standby"
             pair.start_standby()
             thread.join(10)
@@ -145,8 +149,10 @@ def test_engine_sessions_wait_out_a_lost_standby_and_never_cut_the_wait(pair):
             warnings = []
             conn.add_notice_handler(lambda d: warnings.append(d.message_primary))
             with standby_down(pair):
-                thread, result, _ = _in_thread(lambda: conn.execute(
-                    "INSERT INTO waits VALUES (2) RETURNING n").fetchone(), 2 * BOUND + 1)
+                thread, result, _ = _in_thread(
+                    lambda: conn.execute("INSERT INTO waits VALUES (2) RETURNING n").fetchone(),
+                    2 * BOUND + 1,
+                )
                 assert thread.is_alive(), "the engine's commit did not wait for the standby"
                 pair.start_standby()
                 thread.join(10)
@@ -156,8 +162,7 @@ def test_engine_sessions_wait_out_a_lost_standby_and_never_cut_the_wait(pair):
             admin.execute("ALTER DATABASE paycron RESET statement_timeout")
 
 
-def test_a_create_whose_commit_wait_passes_its_bound_answers_503_outcome_unknown(
-        config, pair):
+def test_a_create_whose_commit_wait_passes_its_bound_answers_503_outcome_unknown(config, pair):
     """The create commits on the primary, waits for the lost standby, and is
     cut at the bound: 503 OUTCOME_UNKNOWN, not a 201 that one more failure
     could make a lie. The row is there (a cancelled wait does not undo the
@@ -199,8 +204,11 @@ def _outcome_unknown_then_replayed(pair: ReplicatedPostgres, client, alice: dict
     assert replay.status_code == 201, replay.get_data(as_text=True)
     assert replay.headers["Idempotent-Replayed"] == "true"
     assert _count(pair.url, payee) == 1
-    fresh = client.post("/v1/scheduled-payments", json=_body(payee + "-b"),
-                        headers={**alice, "Idempotency-Key": payee + "-b"})
+    fresh = client.post(
+        "/v1/scheduled-payments",
+        json=_body(payee + "-b"),
+        headers={**alice, "Idempotency-Key": payee + "-b"},
+    )
     assert fresh.status_code == 201 and "Idempotent-Replayed" not in fresh.headers
 
 
@@ -209,12 +217,17 @@ def test_a_create_the_standby_confirms_in_time_answers_201(config, pair):
     try:
         alice = _key(pair.url, "alice")
         payee = f"in-time-{uuid.uuid4().hex[:8]}"
-        response = app.test_client().post("/v1/scheduled-payments", json=_body(payee),
-                                          headers={**alice, "Idempotency-Key": payee})
+        response = app.test_client().post(
+            "/v1/scheduled-payments", json=_body(payee), headers={**alice, "Idempotency-Key": payee}
+        )
         assert response.status_code == 201, response.get_data(as_text=True)
         with psycopg.connect(pair.standby.dsn("paycron")) as standby:
-            assert standby.execute("SELECT count(*) FROM payments WHERE payee = %s",
-                                   (payee,)).fetchone()[0] == 1
+            assert (
+                standby.execute(
+                    "SELECT count(*) FROM payments WHERE payee = %s", (payee,)
+                ).fetchone()[0]
+                == 1
+            )
     finally:
         app.extensions["paycron.pool"].close()
 
@@ -259,8 +272,11 @@ def test_pools_and_readyz_follow_a_failover_without_a_restart(config, fresh_pair
         client = app.test_client()
         alice = _key(pair.url, "alice")
         assert client.get("/readyz").status_code == 200
-        created = client.post("/v1/scheduled-payments", json=_body("before-kill"),
-                              headers={**alice, "Idempotency-Key": "before-kill"})
+        created = client.post(
+            "/v1/scheduled-payments",
+            json=_body("before-kill"),
+            headers={**alice, "Idempotency-Key": "before-kill"},
+        )
         assert created.status_code == 201
         with engine_pool.connection() as conn:
             old_port = conn.info.port
@@ -285,13 +301,19 @@ def test_pools_and_readyz_follow_a_failover_without_a_restart(config, fresh_pair
         # Within ~2 s of the promotion: not psycopg_pool's next backoff (~7 s
         # later), nor one dead connection per pause of 1, 2, 4 s.
         assert idle_back < 3 and engine_back < 4 and web_back < 4, (
-            idle_back, engine_back, web_back)
+            idle_back,
+            engine_back,
+            web_back,
+        )
         with engine_pool.connection() as conn:
             assert conn.info.port == pair.primary.port != old_port
         got = client.get(f"/v1/scheduled-payments/{created.get_json()['id']}", headers=alice)
         assert got.status_code == 200
-        after = client.post("/v1/scheduled-payments", json=_body("after-promote"),
-                            headers={**alice, "Idempotency-Key": "after-promote"})
+        after = client.post(
+            "/v1/scheduled-payments",
+            json=_body("after-promote"),
+            headers={**alice, "Idempotency-Key": "after-promote"},
+        )
         assert after.status_code == 201, after.get_data(as_text=True)
         assert not pair.killed[0].is_primary()  # it stays down
     finally:

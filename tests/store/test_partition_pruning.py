@@ -25,8 +25,9 @@ MAX_LOCKS = 120
 def locks_taken(conn, run) -> int:
     with conn.transaction(force_rollback=True):
         run()
-        return conn.execute("SELECT count(*) AS n FROM pg_locks WHERE pid = pg_backend_pid()"
-                            ).fetchone()["n"]
+        return conn.execute(
+            "SELECT count(*) AS n FROM pg_locks WHERE pid = pg_backend_pid()"
+        ).fetchone()["n"]
 
 
 @pytest.fixture
@@ -41,21 +42,38 @@ def claim_params(row):
 STATEMENTS = {
     "claim_due": lambda conn, row: transitions.claim_due(conn, limit=100, lease_seconds=30),
     "reap_expired": lambda conn, row: transitions.reap_expired(conn, limit=100, config=Config()),
-    "reap_locked": lambda conn, row: conn.execute(q("reap_locked"), {
-        **claim_params(row), "statuses": ["PENDING"], "failure_reasons": [None],
-        "in_doubts": [True], "land_seconds": 730}),
+    "reap_locked": lambda conn, row: conn.execute(
+        q("reap_locked"),
+        {
+            **claim_params(row),
+            "statuses": ["PENDING"],
+            "failure_reasons": [None],
+            "in_doubts": [True],
+            "land_seconds": 730,
+        },
+    ),
     "count_queued": lambda conn, row: transitions.count_queued(conn),
-    "start_attempts": lambda conn, row: conn.execute(q("start_attempts"), {
-        **claim_params(row), "lease_seconds": 30, "worker": "w", "processor": "fake"}),
+    "start_attempts": lambda conn, row: conn.execute(
+        q("start_attempts"),
+        {**claim_params(row), "lease_seconds": 30, "worker": "w", "processor": "fake"},
+    ),
     "release_claims": lambda conn, row: conn.execute(q("release_claims"), claim_params(row)),
     "get_payment": lambda conn, row: payments.get_payment(conn, row["id"], actor="alice"),
-    "cancel": lambda conn, row: conn.execute(q("cancel"), {
-        "id": row["id"], "due_from": due_range(row["id"])[0], "due_to": due_range(row["id"])[1],
-        "actor": "alice"}),
+    "cancel": lambda conn, row: conn.execute(
+        q("cancel"),
+        {
+            "id": row["id"],
+            "due_from": due_range(row["id"])[0],
+            "due_to": due_range(row["id"])[1],
+            "actor": "alice",
+        },
+    ),
     "list_payments": lambda conn, row: payments.list_payments(
-        conn, actor="alice", status=None, limit=20, after=None),
+        conn, actor="alice", status=None, limit=20, after=None
+    ),
     "list_payments_by_status": lambda conn, row: payments.list_payments(
-        conn, actor="alice", status="FAILED", limit=20, after=None),
+        conn, actor="alice", status="FAILED", limit=20, after=None
+    ),
 }
 
 
@@ -71,6 +89,10 @@ def test_hot_statements_lock_only_a_few_partitions(conn, row, name):
 def test_a_statement_on_now_would_lock_everything(conn):
     """The control: the same sweep written with now() locks every partition."""
     sweep_on_now = q("lock_due_fairly").replace("%(now)s", "now()")
-    taken = locks_taken(conn, lambda: conn.execute(
-        sweep_on_now, {"limit": 100, "lease_seconds": 30, "processor": "fake"}))
+    taken = locks_taken(
+        conn,
+        lambda: conn.execute(
+            sweep_on_now, {"limit": 100, "lease_seconds": 30, "processor": "fake"}
+        ),
+    )
     assert taken > 1000

@@ -32,8 +32,11 @@ def scanned_partitions(lines) -> set[str]:
 def test_a_lookup_by_id_touches_one_partition(conn):
     row = insert_payment(conn, due_at=datetime.now(UTC) + timedelta(days=3))
     due_from, due_to = due_range(row["id"])
-    lines = plan_lines(conn, q("get_payment"), {"id": row["id"], "due_from": due_from,
-                                                "due_to": due_to, "actor": "alice"})
+    lines = plan_lines(
+        conn,
+        q("get_payment"),
+        {"id": row["id"], "due_from": due_from, "due_to": due_to, "actor": "alice"},
+    )
     assert scanned_partitions(lines) == {partitions.partition_name(row["due_at"].date())}
 
 
@@ -44,15 +47,21 @@ def test_the_sweep_is_an_index_scan_that_prunes_future_partitions_at_plan_time(c
     for days in (0, 1, 30, 200):
         insert_payment(conn, due_at=datetime.now(UTC) + timedelta(days=days, seconds=-5))
     with conn.transaction(force_rollback=True):  # EXPLAIN ANALYZE really locks the rows
-        lines = plan_lines(conn, q("lock_due_fairly"),
-                           {"limit": 100, "now": datetime.now(UTC), "processor": "fake"})
+        lines = plan_lines(
+            conn,
+            q("lock_due_fairly"),
+            {"limit": 100, "now": datetime.now(UTC), "processor": "fake"},
+        )
     text = "\n".join(lines)
     assert "Seq Scan" not in text, text
     # the fair sweep walks payers by the (payer, run_at) partial index
     assert re.search(r"Index (Only )?Scan using payments_p\d+_payer_run_at_idx", text), text
     today = partitions.partition_name(datetime.now(UTC).date())
-    past_and_today = {partitions.partition_name(d) for d in partitions.existing_days(conn)
-                      if partitions.partition_name(d) <= today}
+    past_and_today = {
+        partitions.partition_name(d)
+        for d in partitions.existing_days(conn)
+        if partitions.partition_name(d) <= today
+    }
     # every day up to today is planned, no future day is, not even to be pruned late
     assert scanned_partitions(lines) == past_and_today, text
     assert "Subplans Removed" not in text, text
@@ -97,14 +106,16 @@ def test_partitions_cover_the_horizon_and_a_payment_at_the_horizon_inserts(conn,
     row = insert_payment(conn, due_at=edge)
     assert row["due_at"] == edge
     assert partitions.partition_name(today) in {
-        partitions.partition_name(d) for d in partitions.existing_days(conn)}
+        partitions.partition_name(d) for d in partitions.existing_days(conn)
+    }
 
 
 def test_due_at_is_immutable(conn):
     row = insert_payment(conn)
     with pytest.raises(psycopg.errors.CheckViolation):
-        conn.execute("UPDATE payments SET due_at = due_at + interval '1 hour' WHERE id = %s",
-                     (row["id"],))
+        conn.execute(
+            "UPDATE payments SET due_at = due_at + interval '1 hour' WHERE id = %s", (row["id"],)
+        )
 
 
 @pytest.mark.parametrize("amount", [0, -5])
@@ -124,7 +135,8 @@ def _check_values(conn, table, column):
     rows = conn.execute(
         "SELECT pg_get_constraintdef(c.oid) AS def FROM pg_constraint c "
         "JOIN pg_class t ON t.oid = c.conrelid WHERE t.relname = %s AND c.contype = 'c'",
-        (table,)).fetchall()
+        (table,),
+    ).fetchall()
     for row in rows:
         if f"({column} = ANY" in row["def"] or f"({column})::text = ANY" in row["def"]:
             return set(re.findall(r"'(\w+)'::text", row["def"]))

@@ -33,8 +33,7 @@ def test_a_statement_past_the_timeout_answers_503_not_500(config, alice, conn, d
         locker.execute("SET idle_in_transaction_session_timeout = '2s'")
         locker.execute("SELECT 1 FROM payments WHERE id = %s FOR UPDATE", (row["id"],))
         started = time.monotonic()
-        response = app.test_client().delete(f"/v1/scheduled-payments/{row['id']}",
-                                            headers=alice)
+        response = app.test_client().delete(f"/v1/scheduled-payments/{row['id']}", headers=alice)
         elapsed = time.monotonic() - started
     finally:
         locker.close()

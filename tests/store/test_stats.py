@@ -12,8 +12,12 @@ from tests.factories import insert_payment
 
 
 def stats(config, **env) -> dict:
-    result = CliRunner().invoke(main, ["stats", "--json"], catch_exceptions=False, env={
-        "DATABASE_URL": config.database_url, "REDIS_URL": config.redis_url, **env})
+    result = CliRunner().invoke(
+        main,
+        ["stats", "--json"],
+        catch_exceptions=False,
+        env={"DATABASE_URL": config.database_url, "REDIS_URL": config.redis_url, **env},
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
 

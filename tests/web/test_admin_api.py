@@ -25,17 +25,22 @@ def app(config, gateway):  # the admin actions reach the gateway
 
 def park(conn):
     row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-                 "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-                 (row["id"], row["due_at"], row["payer"]))
+    conn.execute(
+        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
+        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
+        (row["id"], row["due_at"], row["payer"]),
+    )
     return row
 
 
 def test_a_non_admin_key_sees_nothing_there(client, alice, conn):
     row = park(conn)
-    for method, path in (("get", URL), ("get", f"{URL}/{row['id']}"),
-                         ("post", f"{URL}/{row['id']}/redrive"),
-                         ("post", f"{URL}/{row['id']}/dismiss")):
+    for method, path in (
+        ("get", URL),
+        ("get", f"{URL}/{row['id']}"),
+        ("post", f"{URL}/{row['id']}/redrive"),
+        ("post", f"{URL}/{row['id']}/dismiss"),
+    ):
         response = getattr(client, method)(path, headers=alice)
         assert response.status_code == 404
     assert conn.execute("SELECT resolution FROM dead_letters").fetchone()["resolution"] is None
@@ -64,13 +69,20 @@ def test_redrive_records_the_operator(client, admin, conn):
 
 def test_refund_and_dismiss(client, admin, conn, gateway):
     charged, other = park(conn), park(conn)
-    gateway.http.post("/v1/charges", headers={"Idempotency-Key": str(charged["id"])},
-                      json={"amount": charged["amount_minor"], "currency": "USD",
-                            "reference": str(charged["id"])}).raise_for_status()
+    gateway.http.post(
+        "/v1/charges",
+        headers={"Idempotency-Key": str(charged["id"])},
+        json={
+            "amount": charged["amount_minor"],
+            "currency": "USD",
+            "reference": str(charged["id"]),
+        },
+    ).raise_for_status()
     assert client.post(f"{URL}/{charged['id']}/refund", headers=admin).status_code == 200
     assert gateway.ledger()[0]["status"] == "refunded"
-    response = client.post(f"{URL}/{other['id']}/dismiss", headers=admin,
-                           json={"note": "duplicate of an invoice"})
+    response = client.post(
+        f"{URL}/{other['id']}/dismiss", headers=admin, json={"note": "duplicate of an invoice"}
+    )
     assert response.status_code == 200
     rows = {r["payment_id"]: r for r in conn.execute("SELECT * FROM dead_letters")}
     assert rows[charged["id"]]["resolution"] == "REFUNDED"

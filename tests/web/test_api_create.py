@@ -121,8 +121,9 @@ def test_sixteen_concurrent_posts_with_one_key_make_one_payment(live_server, ali
         assert response.status_code in (201, 409), response.text
         if response.status_code == 201:
             assert response.json()["id"] == str(payment_id)
-    assert sum(r.status_code == 201 and "Idempotent-Replayed" not in r.headers
-               for r in responses) == 1
+    assert (
+        sum(r.status_code == 201 and "Idempotent-Replayed" not in r.headers for r in responses) == 1
+    )
 
 
 BAD_BODIES = {
@@ -168,12 +169,15 @@ def test_due_at_at_the_horizon_is_accepted(client, alice, conn):
     assert response.status_code == 201, response.get_json()
 
 
-@pytest.mark.parametrize("key,code", [
-    (None, "IDEMPOTENCY_KEY_MISSING"),
-    ("", "IDEMPOTENCY_KEY_MISSING"),
-    ("k" * 256, "IDEMPOTENCY_KEY_INVALID"),
-    ("tab\tinside", "IDEMPOTENCY_KEY_INVALID"),
-])
+@pytest.mark.parametrize(
+    "key,code",
+    [
+        (None, "IDEMPOTENCY_KEY_MISSING"),
+        ("", "IDEMPOTENCY_KEY_MISSING"),
+        ("k" * 256, "IDEMPOTENCY_KEY_INVALID"),
+        ("tab\tinside", "IDEMPOTENCY_KEY_INVALID"),
+    ],
+)
 def test_missing_or_bad_idempotency_key_is_400(client, alice, conn, key, code):
     response = post(client, alice, body(), key=key)
     assert response.status_code == 400
@@ -188,16 +192,18 @@ def test_a_255_character_key_is_accepted(client, alice):
 @pytest.mark.parametrize("key", [{"Idempotency-Key": "k"}, {}])
 def test_non_json_is_415_with_or_without_a_key(client, alice, conn, key):
     # The body is read before the key is checked.
-    response = client.post(URL, data="amount=1", headers={**alice, **key,
-                                                          "Content-Type": "text/plain"})
+    response = client.post(
+        URL, data="amount=1", headers={**alice, **key, "Content-Type": "text/plain"}
+    )
     assert response.status_code == 415
     assert response.get_json()["code"] == "UNSUPPORTED_MEDIA_TYPE"
 
 
 @pytest.mark.parametrize("raw", ["{not json", "[1, 2]", "25", "null"])
 def test_malformed_or_non_object_json_is_400(client, alice, conn, raw):
-    response = client.post(URL, data=raw, headers={**alice, "Idempotency-Key": "k",
-                                                   "Content-Type": "application/json"})
+    response = client.post(
+        URL, data=raw, headers={**alice, "Idempotency-Key": "k", "Content-Type": "application/json"}
+    )
     assert response.status_code == 400
     assert response.get_json()["code"] == "INVALID_JSON"
     assert count(conn, "payments") == 0
@@ -255,7 +261,8 @@ def test_a_revoked_key_stops_working_once_the_cache_ttl_has_passed(app, conn, ma
 
 
 def test_the_principal_cache_remembers_neither_unknown_keys_nor_more_than_its_bound(
-        app, conn, make_key):
+    app, conn, make_key
+):
     from paycron.store.apikeys import PrincipalCache, revoke_api_key
 
     pool = app.extensions["paycron.pool"]

@@ -61,7 +61,8 @@ def test_list_shows_the_ids_revoke_takes(conn, cli):
     first, second = two_keys_sharing_a_prefix(conn)
     lines = cli("api-key", "list").output.splitlines()
     assert sorted(line.split("\t")[-1] for line in lines) == sorted(
-        [f"id={first['id']}", f"id={second['id']}"])
+        [f"id={first['id']}", f"id={second['id']}"]
+    )
 
 
 @pytest.mark.parametrize("args", [[], ["abcd1234", "--id", "1"]])

@@ -38,17 +38,25 @@ def stripe(stripe_app):
 
 
 def body(**overrides) -> dict:
-    payload = {"payee": "acme", "amount": 2500, "dueAt": iso(future()),
-               "paymentMethod": PM, "customer": CUS}
+    payload = {
+        "payee": "acme",
+        "amount": 2500,
+        "dueAt": iso(future()),
+        "paymentMethod": PM,
+        "customer": CUS,
+    }
     payload.update(overrides)
     return {k: v for k, v in payload.items() if v is not ...}
 
 
 def post(client, headers, payload, key="key-1"):
     # ensure_ascii: a lone surrogate goes on the wire as its escape, "\ud800"
-    return client.post(URL, data=json.dumps(payload, ensure_ascii=True),
-                       content_type="application/json",
-                       headers={**headers, "Idempotency-Key": key})
+    return client.post(
+        URL,
+        data=json.dumps(payload, ensure_ascii=True),
+        content_type="application/json",
+        headers={**headers, "Idempotency-Key": key},
+    )
 
 
 def count(conn, table) -> int:
@@ -86,8 +94,9 @@ def test_the_fake_gateway_takes_a_payment_without_them(client, alice, conn):
     row = conn.execute("SELECT payment_method, customer FROM payments").fetchone()
     assert row == {"payment_method": None, "customer": None}
     assert count(conn, "customers") == 0
-    assert post(client, alice, body(paymentMethod=None, customer=None),
-                key="key-2").status_code == 201
+    assert (
+        post(client, alice, body(paymentMethod=None, customer=None), key="key-2").status_code == 201
+    )
 
 
 LONE = "cus_\ud800"
@@ -99,8 +108,10 @@ BAD_TOKENS = {
     "DEL": ("cus_\x7f", "must be printable ASCII characters"),
     "NUL": ("cus_\x00", "must be printable ASCII characters"),
     "not ASCII": ("cus_é", "must be printable ASCII characters"),
-    "lone surrogate": (LONE, "must be valid Unicode text: no unpaired surrogate "
-                             "(U+D800 to U+DFFF)"),
+    "lone surrogate": (
+        LONE,
+        "must be valid Unicode text: no unpaired surrogate (U+D800 to U+DFFF)",
+    ),
     "not a string": (7, "Not a valid string."),
 }
 
@@ -108,8 +119,7 @@ BAD_TOKENS = {
 @pytest.mark.parametrize("app_of", ["client", "stripe"])
 @pytest.mark.parametrize("field", ["paymentMethod", "customer"])
 @pytest.mark.parametrize("value,message", BAD_TOKENS.values(), ids=BAD_TOKENS.keys())
-def test_a_bad_token_is_a_400_for_its_field(request, alice, conn, app_of, field, value,
-                                            message):
+def test_a_bad_token_is_a_400_for_its_field(request, alice, conn, app_of, field, value, message):
     client = request.getfixturevalue(app_of)
     problem = assert_refused(post(client, alice, body(**{field: value})), conn, field)
     assert any(m.endswith(message) for m in problem["errors"][field]), problem
@@ -152,48 +162,69 @@ def test_they_are_part_of_the_idempotent_request(stripe, alice, conn):
 
 
 STRIPE_REFUSES = {
-    "above eight digits": ({"amount": 100_000_000}, "amount",
-                           "amount must be at most 99999999 minor units with the processor "
-                           "(Stripe)"),
-    "below the USD minimum": ({"amount": 49}, "amount",
-                              "amount must be at least 50 in USD (0.50 USD, the processor's "
-                              "minimum charge)"),
-    "below the GBP minimum": ({"amount": 29, "currency": "GBP"}, "amount",
-                              "amount must be at least 30 in GBP (0.30 GBP, the processor's "
-                              "minimum charge)"),
-    "below the JPY minimum (whole yen)": ({"amount": 49, "currency": "JPY"}, "amount",
-                                          "amount must be at least 50 in JPY (50 JPY, the "
-                                          "processor's minimum charge)"),
-    "below the HUF minimum": ({"amount": 17_499, "currency": "HUF"}, "amount",
-                              "amount must be at least 17500 in HUF (175.00 HUF, the "
-                              "processor's minimum charge)"),
-    "three decimals not ending in 0": ({"amount": 5_125, "currency": "KWD"}, "amount",
-                                       "amount in KWD must end in 0: the processor (Stripe) "
-                                       "charges three-decimal currencies in steps of 10 minor "
-                                       "units"),
-    "ISK in fractions": ({"amount": 550, "currency": "ISK"}, "amount",
-                         "amount in ISK must be a multiple of 100: the processor (Stripe) "
-                         "charges whole units, written with two decimals"),
-    "a currency Stripe does not take": ({"currency": "KPW"}, "currency",
-                                        "currency must be one the processor (Stripe) "
-                                        "charges in"),
-    "the retired code STN": ({"currency": "STN"}, "currency",
-                             "currency must be one the processor (Stripe) charges in"),
+    "above eight digits": (
+        {"amount": 100_000_000},
+        "amount",
+        "amount must be at most 99999999 minor units with the processor (Stripe)",
+    ),
+    "below the USD minimum": (
+        {"amount": 49},
+        "amount",
+        "amount must be at least 50 in USD (0.50 USD, the processor's minimum charge)",
+    ),
+    "below the GBP minimum": (
+        {"amount": 29, "currency": "GBP"},
+        "amount",
+        "amount must be at least 30 in GBP (0.30 GBP, the processor's minimum charge)",
+    ),
+    "below the JPY minimum (whole yen)": (
+        {"amount": 49, "currency": "JPY"},
+        "amount",
+        "amount must be at least 50 in JPY (50 JPY, the processor's minimum charge)",
+    ),
+    "below the HUF minimum": (
+        {"amount": 17_499, "currency": "HUF"},
+        "amount",
+        "amount must be at least 17500 in HUF (175.00 HUF, the processor's minimum charge)",
+    ),
+    "three decimals not ending in 0": (
+        {"amount": 5_125, "currency": "KWD"},
+        "amount",
+        "amount in KWD must end in 0: the processor (Stripe) "
+        "charges three-decimal currencies in steps of 10 minor "
+        "units",
+    ),
+    "ISK in fractions": (
+        {"amount": 550, "currency": "ISK"},
+        "amount",
+        "amount in ISK must be a multiple of 100: the processor (Stripe) "
+        "charges whole units, written with two decimals",
+    ),
+    "a currency Stripe does not take": (
+        {"currency": "KPW"},
+        "currency",
+        "currency must be one the processor (Stripe) charges in",
+    ),
+    "the retired code STN": (
+        {"currency": "STN"},
+        "currency",
+        "currency must be one the processor (Stripe) charges in",
+    ),
 }
 
 
-@pytest.mark.parametrize("overrides,field,message", STRIPE_REFUSES.values(),
-                         ids=STRIPE_REFUSES.keys())
-def test_stripe_refuses_what_it_could_not_charge(stripe, alice, conn, overrides, field,
-                                                  message):
+@pytest.mark.parametrize(
+    "overrides,field,message", STRIPE_REFUSES.values(), ids=STRIPE_REFUSES.keys()
+)
+def test_stripe_refuses_what_it_could_not_charge(stripe, alice, conn, overrides, field, message):
     problem = assert_refused(post(stripe, alice, body(**overrides)), conn, field)
     assert problem["errors"] == {field: [message]}
 
 
-@pytest.mark.parametrize("overrides,field,message", STRIPE_REFUSES.values(),
-                         ids=STRIPE_REFUSES.keys())
-def test_the_fake_gateway_takes_what_stripe_would_refuse(client, alice, overrides, field,
-                                                         message):
+@pytest.mark.parametrize(
+    "overrides,field,message", STRIPE_REFUSES.values(), ids=STRIPE_REFUSES.keys()
+)
+def test_the_fake_gateway_takes_what_stripe_would_refuse(client, alice, overrides, field, message):
     assert post(client, alice, body(**overrides)).status_code == 201
 
 
@@ -206,43 +237,53 @@ def test_each_published_minimum_is_the_least_amount_taken(stripe, alice, conn, c
     assert at.status_code == 201, at.get_json()
 
 
-@pytest.mark.parametrize("overrides", [
-    {"amount": 99_999_999},
-    {"amount": 5_120, "currency": "KWD"},
-    {"amount": 10, "currency": "BHD"},  # no published minimum: only the API's > 0
-    {"amount": 500, "currency": "ISK"},
-    {"amount": 1, "currency": "KRW"},
-    {"amount": 1, "currency": "XCG"},
-], ids=str)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"amount": 99_999_999},
+        {"amount": 5_120, "currency": "KWD"},
+        {"amount": 10, "currency": "BHD"},  # no published minimum: only the API's > 0
+        {"amount": 500, "currency": "ISK"},
+        {"amount": 1, "currency": "KRW"},
+        {"amount": 1, "currency": "XCG"},
+    ],
+    ids=str,
+)
 def test_stripe_takes_what_it_can_charge(stripe, alice, overrides):
     response = post(stripe, alice, body(**overrides))
     assert response.status_code == 201, response.get_json()
 
 
 def test_both_fields_are_checked_at_once(stripe, alice, conn):
-    problem = assert_refused(post(stripe, alice, body(amount=1, customer="", dueAt="soon")),
-                             conn, "amount")
+    problem = assert_refused(
+        post(stripe, alice, body(amount=1, customer="", dueAt="soon")), conn, "amount"
+    )
     assert set(problem["errors"]) == {"amount", "customer", "dueAt"}
 
 
 def test_a_default_currency_stripe_does_not_take_is_refused_on_currency(config, alice, conn):
     from web import create_app
 
-    app = create_app(config.with_overrides(gateway="stripe", stripe_api_key="sk_test_x",
-                                           default_currency="KPW"))
+    app = create_app(
+        config.with_overrides(gateway="stripe", stripe_api_key="sk_test_x", default_currency="KPW")
+    )
     try:
         response = post(app.test_client(), alice, body())
     finally:
         app.extensions["paycron.pool"].close()
     assert assert_refused(response, conn, "currency")["errors"] == {
-        "currency": [stripe_amounts.UNSUPPORTED_CURRENCY]}
+        "currency": [stripe_amounts.UNSUPPORTED_CURRENCY]
+    }
 
 
 def test_the_rules_cover_only_current_iso_codes():
     assert stripe_amounts.CURRENCIES <= ISO_4217 | {"STD"}
     assert set(stripe_amounts.MINIMUM_CHARGE) <= stripe_amounts.CURRENCIES
-    for group in (stripe_amounts.ZERO_DECIMAL, stripe_amounts.THREE_DECIMAL,
-                  stripe_amounts.WHOLE_UNITS_IN_HUNDREDTHS):
+    for group in (
+        stripe_amounts.ZERO_DECIMAL,
+        stripe_amounts.THREE_DECIMAL,
+        stripe_amounts.WHOLE_UNITS_IN_HUNDREDTHS,
+    ):
         assert group <= stripe_amounts.CURRENCIES
     assert stripe_amounts.in_units(50, "JPY") == "50 JPY"
     assert stripe_amounts.in_units(5120, "KWD") == "5.120 KWD"
@@ -294,7 +335,8 @@ def test_another_actors_customer_is_refused_and_nothing_is_created(stripe, alice
     assert "alice" not in response.get_data(as_text=True)
     assert count(conn, "payments") == count(conn, "idempotency_keys") == 1
     assert conn.execute("SELECT processor, customer, actor FROM customers").fetchall() == [
-        {"processor": "stripe", "customer": CUS, "actor": "alice"}]
+        {"processor": "stripe", "customer": CUS, "actor": "alice"}
+    ]
     # alice keeps using it; bob's own customers still work
     assert post(stripe, alice, body(), key="key-2").status_code == 201
     assert post(stripe, bob, body(customer="cus_bobs")).status_code == 201
@@ -305,12 +347,15 @@ def test_customers_are_bound_per_processor(client, stripe, alice, bob, conn):
     assert post(stripe, bob, body(), key="key-b").status_code == 201  # Stripe's is new
     assert post(client, bob, body(), key="key-c").get_json()["code"] == "CUSTOMER_NOT_YOURS"
     rows = conn.execute("SELECT processor, actor FROM customers ORDER BY processor").fetchall()
-    assert rows == [{"processor": "fake", "actor": "alice"},
-                    {"processor": "stripe", "actor": "bob"}]
+    assert rows == [
+        {"processor": "fake", "actor": "alice"},
+        {"processor": "stripe", "actor": "bob"},
+    ]
 
 
 def test_a_replay_returns_the_original_even_when_the_customer_is_now_anothers(
-        client, stripe, alice, bob, conn):
+    client, stripe, alice, bob, conn
+):
     """Alice's create under the fake gateway; then the engine moves to Stripe,
     where bob names the customer first: alice's replay is still hers."""
     payload = body()
@@ -329,7 +374,8 @@ def _waiting_for_locks(conn, n: int) -> None:
     while time.monotonic() < deadline:
         waiting = conn.execute(
             "SELECT count(*) AS n FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'").fetchone()["n"]
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()["n"]
         if waiting >= n:
             return
         time.sleep(0.02)
@@ -350,20 +396,28 @@ def _send(url: str, headers: dict, payload: dict, key: str) -> httpx.Response:
         return http.post(URL, json=payload, headers={**headers, "Idempotency-Key": key})
 
 
-def test_creates_that_wait_for_a_first_binding_read_its_owner(stripe_server, alice, bob,
-                                                              database_url, conn):
+def test_creates_that_wait_for_a_first_binding_read_its_owner(
+    stripe_server, alice, bob, database_url, conn
+):
     """A binding not yet committed: the creates naming its customer wait for
     it, then answer by its owner (alice), not by what they saw before."""
     import psycopg
 
     payload = body()
     with psycopg.connect(database_url) as binder:  # a transaction, held open
-        binder.execute("INSERT INTO customers (processor, customer, actor) "
-                       "VALUES ('stripe', %s, 'alice')", (CUS,))
+        binder.execute(
+            "INSERT INTO customers (processor, customer, actor) VALUES ('stripe', %s, 'alice')",
+            (CUS,),
+        )
         results = {}
-        threads = [threading.Thread(target=lambda who=who, headers=headers: results.update(
-            {who: _send(stripe_server, headers, payload, f"key-{who}")}))
-            for who, headers in (("alice", alice), ("bob", bob))]
+        threads = [
+            threading.Thread(
+                target=lambda who=who, headers=headers: results.update(
+                    {who: _send(stripe_server, headers, payload, f"key-{who}")}
+                )
+            )
+            for who, headers in (("alice", alice), ("bob", bob))
+        ]
         for thread in threads:
             thread.start()
         _waiting_for_locks(conn, 2)
@@ -376,8 +430,7 @@ def test_creates_that_wait_for_a_first_binding_read_its_owner(stripe_server, ali
 
 
 def test_actors_racing_to_name_a_new_customer_make_one_binding(stripe_server, make_key, conn):
-    actors = {f"racer-{n}": {"Authorization": f"Bearer {make_key(f'racer-{n}')}"}
-              for n in range(6)}
+    actors = {f"racer-{n}": {"Authorization": f"Bearer {make_key(f'racer-{n}')}"} for n in range(6)}
     rounds = 8
     for r in range(rounds):
         payload = body(customer=f"cus_race{r}")
@@ -397,14 +450,16 @@ def test_actors_racing_to_name_a_new_customer_make_one_binding(stripe_server, ma
         assert len(winners) == 1, {a: resp.text for a, resp in results.items()}
         losers = {a: resp.json()["code"] for a, resp in results.items() if a not in winners}
         assert set(losers.values()) == {"CUSTOMER_NOT_YOURS"}, losers
-        [binding] = conn.execute("SELECT actor FROM customers WHERE customer = %s",
-                                 (f"cus_race{r}",)).fetchall()
+        [binding] = conn.execute(
+            "SELECT actor FROM customers WHERE customer = %s", (f"cus_race{r}",)
+        ).fetchall()
         assert binding["actor"] == winners[0]
     assert count(conn, "payments") == count(conn, "customers") == rounds
 
 
-def test_one_actors_concurrent_creates_naming_a_new_customer_all_succeed(stripe_server, alice,
-                                                                          conn):
+def test_one_actors_concurrent_creates_naming_a_new_customer_all_succeed(
+    stripe_server, alice, conn
+):
     """Bound by a sibling create that committed while this one ran: still its
     own. (The window is narrow: several rounds make meeting it likely.)"""
     rounds, siblings = 6, 8

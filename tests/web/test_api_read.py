@@ -25,13 +25,15 @@ def create(client, headers, key, **overrides):
 
 
 def test_get_returns_the_payment_with_attempts_oldest_first(client, alice, conn):
-    row = insert_payment(conn, status="FAILED", attempt=2, failures=2,
-                         failure_reason="RETRIES_EXHAUSTED")
+    row = insert_payment(
+        conn, status="FAILED", attempt=2, failures=2, failure_reason="RETRIES_EXHAUSTED"
+    )
     for n, outcome in ((2, "AMBIGUOUS"), (1, "RETRYABLE_ERROR")):
         conn.execute(
             "INSERT INTO attempts (payment_id, attempt, gateway_key, outcome, error_code,"
             " finished_at, due_at) VALUES (%s, %s, %s, %s, 'http_503', now(), %s)",
-            (row["id"], n, str(row["id"]), outcome, row["due_at"]))
+            (row["id"], n, str(row["id"]), outcome, row["due_at"]),
+        )
     response = client.get(f"{URL}/{row['id']}", headers=alice)
     assert response.status_code == 200
     data = response.get_json()
@@ -50,10 +52,17 @@ def test_get_pending_shows_next_attempt(client, alice):
     assert data == {**created, "nextAttemptAt": data["nextAttemptAt"]}
 
 
-@pytest.mark.parametrize("path_id", [
-    "not-a-uuid", "123", "00000000-0000-0000-0000-000000000000", "' OR 1=1 --",
-    str(uuid.uuid4()), str(new_payment_id(datetime(2001, 1, 1, tzinfo=UTC))),
-])
+@pytest.mark.parametrize(
+    "path_id",
+    [
+        "not-a-uuid",
+        "123",
+        "00000000-0000-0000-0000-000000000000",
+        "' OR 1=1 --",
+        str(uuid.uuid4()),
+        str(new_payment_id(datetime(2001, 1, 1, tzinfo=UTC))),
+    ],
+)
 def test_unknown_or_malformed_ids_are_404(client, alice, path_id):
     for method in (client.get, client.delete):
         response = method(f"{URL}/{path_id}", headers=alice)
@@ -93,8 +102,9 @@ def walk(client, headers, **query) -> tuple[list[str], int]:
     in order, and how many pages it took."""
     seen, cursor, pages = [], None, 0
     while True:
-        page = client.get(URL, headers=headers, query_string={
-            **query, **({"cursor": cursor} if cursor else {})}).get_json()
+        page = client.get(
+            URL, headers=headers, query_string={**query, **({"cursor": cursor} if cursor else {})}
+        ).get_json()
         pages += 1
         assert len(page["data"]) <= query["limit"]
         seen += [p["id"] for p in page["data"]]
@@ -109,8 +119,7 @@ def test_list_filters_by_status(client, alice, conn):
     for n in range(30):  # more than one page of other statuses to scan past
         create(client, alice, f"p{n}")
     pending = create(client, alice, "k1")
-    data = client.get(URL, headers=alice, query_string={"status": "PENDING", "limit": 1}
-                      ).get_json()
+    data = client.get(URL, headers=alice, query_string={"status": "PENDING", "limit": 1}).get_json()
     assert [p["id"] for p in data["data"]] == [pending["id"]]
     assert data["nextCursor"]
     assert walk(client, alice, status="COMPLETED", limit=5) == ([done["id"]], 2)
@@ -125,11 +134,15 @@ def test_a_filtered_page_reads_a_bounded_stretch_of_history(client, alice, conn)
     conn.execute("UPDATE payments SET status = 'COMPLETED' WHERE id = %s", (done["id"],))
     for n in range(30):
         create(client, alice, f"p{n}")
-    first = client.get(URL, headers=alice, query_string={"status": "COMPLETED", "limit": 5}
-                       ).get_json()
+    first = client.get(
+        URL, headers=alice, query_string={"status": "COMPLETED", "limit": 5}
+    ).get_json()
     assert first["data"] == [] and first["nextCursor"] is not None
-    second = client.get(URL, headers=alice, query_string={
-        "status": "COMPLETED", "limit": 5, "cursor": first["nextCursor"]}).get_json()
+    second = client.get(
+        URL,
+        headers=alice,
+        query_string={"status": "COMPLETED", "limit": 5, "cursor": first["nextCursor"]},
+    ).get_json()
     assert ([p["id"] for p in second["data"]], second["nextCursor"]) == ([done["id"]], None)
 
 
@@ -142,9 +155,13 @@ def test_every_filtered_walk_is_exact_over_a_mixed_history(client, alice, bob, c
     for n in range(90):
         create(client, alice, f"a{n}")
     create(client, bob, "b0")  # another payer's rows are never listed
-    order = [r["payment_id"] for r in conn.execute(
-        "SELECT payment_id FROM idempotency_keys WHERE actor = 'alice' "
-        "ORDER BY created_at DESC, payment_id DESC")]
+    order = [
+        r["payment_id"]
+        for r in conn.execute(
+            "SELECT payment_id FROM idempotency_keys WHERE actor = 'alice' "
+            "ORDER BY created_at DESC, payment_id DESC"
+        )
+    ]
     status_of, run_left, current = {}, 0, None
     for payment_id in order:
         if run_left == 0:
@@ -152,25 +169,29 @@ def test_every_filtered_walk_is_exact_over_a_mixed_history(client, alice, bob, c
         status_of[payment_id], run_left = current, run_left - 1
     for status in statuses:
         ids = [i for i, s in status_of.items() if s == status]
-        conn.execute("UPDATE payments SET status = %s, failure_reason = %s WHERE id = ANY(%s)",
-                     (status, "DECLINED" if status == "FAILED" else None, ids))
+        conn.execute(
+            "UPDATE payments SET status = %s, failure_reason = %s WHERE id = ANY(%s)",
+            (status, "DECLINED" if status == "FAILED" else None, ids),
+        )
     for limit in (1, 2, 3, 7, 100):
         assert walk(client, alice, limit=limit)[0] == [str(i) for i in order]
         for status in statuses:
             expected = [str(i) for i in order if status_of[i] == status]
-            assert walk(client, alice, status=status, limit=limit)[0] == expected, \
-                (status, limit)
+            assert walk(client, alice, status=status, limit=limit)[0] == expected, (status, limit)
 
 
-@pytest.mark.parametrize("query,field", [
-    ({"status": "DONE"}, "status"),
-    ({"limit": 0}, "limit"),
-    ({"limit": 101}, "limit"),
-    ({"limit": "ten"}, "limit"),
-    ({"cursor": "garbage!!"}, "cursor"),
-    ({"cursor": "WyJ4IiwgInkiXQ"}, "cursor"),  # base64 of ["x", "y"]
-    ({"sort": "amount"}, "sort"),
-])
+@pytest.mark.parametrize(
+    "query,field",
+    [
+        ({"status": "DONE"}, "status"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 101}, "limit"),
+        ({"limit": "ten"}, "limit"),
+        ({"cursor": "garbage!!"}, "cursor"),
+        ({"cursor": "WyJ4IiwgInkiXQ"}, "cursor"),  # base64 of ["x", "y"]
+        ({"sort": "amount"}, "sort"),
+    ],
+)
 def test_bad_list_queries_are_400(client, alice, query, field):
     response = client.get(URL, headers=alice, query_string=query)
     assert response.status_code == 400
@@ -198,14 +219,18 @@ def test_cursors_round_trip_every_position_and_refuse_the_rest():
     payments, feed = ListQuerySchema().fields["cursor"], FeedQuerySchema().fields["after"]
     key = (datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC), new_payment_id(future()))
     assert payments.decode(payments.encode(key)) == key
-    assert feed.decode(feed.encode(Position(2 ** 63 - 1, 7))) == Position(2 ** 63 - 1, 7)
+    assert feed.decode(feed.encode(Position(2**63 - 1, 7))) == Position(2**63 - 1, 7)
     # The feed's cursor is what clients stored since its first version: txid.id.
     assert feed.encode(Position(12, 5)) == base64.urlsafe_b64encode(b"12.5").decode().rstrip("=")
-    for bad in (b"12", b"12.5.1", b"-1.5", b"1.x", str(2 ** 63).encode() + b".1", b"\xff.1"):
+    for bad in (b"12", b"12.5.1", b"-1.5", b"1.x", str(2**63).encode() + b".1", b"\xff.1"):
         with pytest.raises(ValidationError, match="not a cursor this API returned"):
             feed.decode(base64.urlsafe_b64encode(bad).decode())
-    for bad in (b"1", b"99999999999999999999.1", str(2 ** 62).encode() + b".1",  # year 146,000
-                b"1." + str(2 ** 128).encode()):
+    for bad in (
+        b"1",
+        b"99999999999999999999.1",
+        str(2**62).encode() + b".1",  # year 146,000
+        b"1." + str(2**128).encode(),
+    ):
         with pytest.raises(ValidationError, match="not a cursor this API returned"):
             payments.decode(base64.urlsafe_b64encode(bad).decode())
 

@@ -41,25 +41,27 @@ def assert_refused(response, field: str) -> None:
 
 @pytest.mark.parametrize("payee", LONE)
 def test_a_lone_surrogate_in_payee_is_a_400(client, alice, conn, payee):
-    response = send(client, PAYMENTS, payment(payee=payee),
-                    {**alice, "Idempotency-Key": "key-1"})
+    response = send(client, PAYMENTS, payment(payee=payee), {**alice, "Idempotency-Key": "key-1"})
     assert_refused(response, "payee")
     assert response.get_json()["errors"]["payee"] == [
-        "must be valid Unicode text: no unpaired surrogate (U+D800 to U+DFFF)"]
+        "must be valid Unicode text: no unpaired surrogate (U+D800 to U+DFFF)"
+    ]
     assert count(conn, "payments") == count(conn, "idempotency_keys") == 0
 
 
 @pytest.mark.parametrize("field", ["currency", "dueAt"])
 def test_a_lone_surrogate_in_another_field_is_a_400(client, alice, conn, field):
-    response = send(client, PAYMENTS, payment(**{field: "\ud800"}),
-                    {**alice, "Idempotency-Key": "key-1"})
+    response = send(
+        client, PAYMENTS, payment(**{field: "\ud800"}), {**alice, "Idempotency-Key": "key-1"}
+    )
     assert_refused(response, field)
     assert count(conn, "payments") == 0
 
 
 def test_a_lone_surrogate_in_a_key_is_a_400(client, alice, conn):
-    response = send(client, PAYMENTS, {**payment(), "\ud800": 1},
-                    {**alice, "Idempotency-Key": "key-1"})
+    response = send(
+        client, PAYMENTS, {**payment(), "\ud800": 1}, {**alice, "Idempotency-Key": "key-1"}
+    )
     assert response.status_code == 400 and response.get_json()["code"] == "VALIDATION_FAILED"
     assert count(conn, "payments") == 0
 
@@ -77,15 +79,15 @@ def test_a_used_key_with_a_lone_surrogate_is_a_different_body(client, alice, con
 
 def test_a_surrogate_pair_is_ordinary_text(client, alice):
     """The escape of a character outside the BMP is a pair: valid."""
-    response = send(client, PAYMENTS, payment(payee="caf\ud83d\ude00"),
-                    {**alice, "Idempotency-Key": "key-1"})
+    response = send(
+        client, PAYMENTS, payment(payee="caf\ud83d\ude00"), {**alice, "Idempotency-Key": "key-1"}
+    )
     assert response.status_code == 201
     assert response.get_json()["payee"] == "caf\U0001f600"
 
 
 def test_a_lone_surrogate_in_a_webhook_url_is_a_400(client, alice, conn):
-    response = send(client, "/v1/webhook-endpoints", {"url": "http://hooks.example/\ud800"},
-                    alice)
+    response = send(client, "/v1/webhook-endpoints", {"url": "http://hooks.example/\ud800"}, alice)
     assert_refused(response, "url")
     assert count(conn, "webhook_endpoints") == 0
 
@@ -93,10 +95,13 @@ def test_a_lone_surrogate_in_a_webhook_url_is_a_400(client, alice, conn):
 def test_a_lone_surrogate_in_a_dismiss_note_is_a_400(client, make_key, conn):
     admin = {"Authorization": f"Bearer {make_key('ops-ann', admin=True)}"}
     row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-                 "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-                 (row["id"], row["due_at"], row["payer"]))
-    response = send(client, f"/v1/admin/dead-letters/{row['id']}/dismiss",
-                    {"note": "gone \ud800"}, admin)
+    conn.execute(
+        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
+        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
+        (row["id"], row["due_at"], row["payer"]),
+    )
+    response = send(
+        client, f"/v1/admin/dead-letters/{row['id']}/dismiss", {"note": "gone \ud800"}, admin
+    )
     assert_refused(response, "note")
     assert conn.execute("SELECT resolution FROM dead_letters").fetchone()["resolution"] is None

@@ -40,12 +40,13 @@ STATEFUL_SCENARIOS = 80
 EXCLUDED_CHECKS: dict[str, dict[str, str]] = {
     "GET /v1/scheduled-payments/{payment_id}": {
         "use_after_free": "DELETE is cancel (SPEC §4): the payment stays readable afterwards, "
-                          "with status CANCELLED; a 200 after DELETE is the documented answer",
+        "with status CANCELLED; a 200 after DELETE is the documented answer",
     },
 }
 
 
 # -- The document ---------------------------------------------------------------
+
 
 def test_the_document_is_valid_openapi_and_needs_no_key(client):
     response = client.get(URL)
@@ -62,13 +63,19 @@ def _openapi_path(rule: str) -> str:
 
 
 def test_every_route_is_documented_and_nothing_else(app, client):
-    routed = {(_openapi_path(rule.rule), method)
-              for rule in app.url_map.iter_rules() if rule.endpoint not in UNDOCUMENTED
-              for method in rule.methods - {"HEAD", "OPTIONS"}}
+    routed = {
+        (_openapi_path(rule.rule), method)
+        for rule in app.url_map.iter_rules()
+        if rule.endpoint not in UNDOCUMENTED
+        for method in rule.methods - {"HEAD", "OPTIONS"}
+    }
     assert {("/healthz", "GET"), ("/readyz", "GET"), ("/v1/events", "GET")} <= routed
-    documented = {(path, method.upper())
-                  for path, item in client.get(URL).get_json()["paths"].items()
-                  for method in item if method != "parameters"}  # the path's, not a method
+    documented = {
+        (path, method.upper())
+        for path, item in client.get(URL).get_json()["paths"].items()
+        for method in item
+        if method != "parameters"
+    }  # the path's, not a method
     assert documented == routed
 
 
@@ -76,16 +83,28 @@ def test_the_schemas_come_from_marshmallow(client, config):
     schemas = client.get(URL).get_json()["components"]["schemas"]
     create = CreatePaymentSchema(config, lambda: datetime.now(UTC))
     assert set(schemas["CreatePayment"]["properties"]) == {
-        f.data_key or name for name, f in create.fields.items()}
+        f.data_key or name for name, f in create.fields.items()
+    }
     assert set(schemas["Payment"]["properties"]) == {
-        f.data_key or name for name, f in PaymentSchema().fields.items()}
+        f.data_key or name for name, f in PaymentSchema().fields.items()
+    }
     assert set(schemas["CreatePayment"]["properties"]["currency"]["enum"]) >= {"USD", "EUR", None}
 
 
 def test_answers_require_every_property_they_always_have(client):
     schemas = client.get(URL).get_json()["components"]["schemas"]
-    for name in ("Payment", "PaymentSummary", "PaymentPage", "Event", "EventPage", "Cancelled",
-                 "WebhookEndpoint", "CreatedWebhookEndpoint", "DeadLetterAction", "Readiness"):
+    for name in (
+        "Payment",
+        "PaymentSummary",
+        "PaymentPage",
+        "Event",
+        "EventPage",
+        "Cancelled",
+        "WebhookEndpoint",
+        "CreatedWebhookEndpoint",
+        "DeadLetterAction",
+        "Readiness",
+    ):
         assert set(schemas[name]["required"]) == set(schemas[name]["properties"]), name
     assert "errors" not in schemas["Problem"]["required"]
     assert set(schemas["Problem"]["required"]) == {"type", "title", "status", "code", "detail"}
@@ -106,8 +125,11 @@ def test_v1_needs_the_bearer_key_and_every_error_is_a_problem(client):
             assert ("401" in operation["responses"]) is v1, (path, method)
             for status, response in operation["responses"].items():
                 if status >= "400" and path != "/readyz":  # readyz's 503 is its own body
-                    assert response["content"] == {"application/problem+json": {
-                        "schema": {"$ref": "#/components/schemas/Problem"}}}, (path, status)
+                    assert response["content"] == {
+                        "application/problem+json": {
+                            "schema": {"$ref": "#/components/schemas/Problem"}
+                        }
+                    }, (path, status)
 
 
 def test_create_documents_its_key_money_time_and_answer(client, config):
@@ -125,7 +147,10 @@ def test_create_documents_its_key_money_time_and_answer(client, config):
     assert body["required"] == ["amount", "dueAt", "payee"]
     amount, due_at = body["properties"]["amount"], body["properties"]["dueAt"]
     assert (amount["type"], amount["minimum"], amount["maximum"]) == (
-        "integer", 1, config.max_amount_minor)
+        "integer",
+        1,
+        config.max_amount_minor,
+    )
     assert "minor units" in amount["description"]
     assert due_at["format"] == "date-time" and "offset" in due_at["description"]
 
@@ -135,8 +160,9 @@ def test_the_limits_that_are_settings_are_checked_and_documented_alike(config, m
     that refuses an amount is the one the document describes."""
     from web import create_app
 
-    app = create_app(config.with_overrides(max_amount_minor=5000, horizon_days=30,
-                                           default_currency="EUR"))
+    app = create_app(
+        config.with_overrides(max_amount_minor=5000, horizon_days=30, default_currency="EUR")
+    )
     try:
         client = app.test_client()
         body = client.get(URL).get_json()["components"]["schemas"]["CreatePayment"]
@@ -146,11 +172,13 @@ def test_the_limits_that_are_settings_are_checked_and_documented_alike(config, m
         assert body["properties"]["currency"]["description"].startswith("ISO 4217 code; EUR ")
         headers = {"Authorization": f"Bearer {make_key('alice')}", "Idempotency-Key": "k"}
         payment = {"payee": "acme", "dueAt": (datetime.now(UTC) + timedelta(days=1)).isoformat()}
-        refused = client.post("/v1/scheduled-payments", headers=headers,
-                              json={**payment, "amount": 5001})
+        refused = client.post(
+            "/v1/scheduled-payments", headers=headers, json={**payment, "amount": 5001}
+        )
         assert refused.get_json()["errors"] == {"amount": ["amount must be at most 5000"]}
-        created = client.post("/v1/scheduled-payments", headers=headers,
-                              json={**payment, "amount": 5000})
+        created = client.post(
+            "/v1/scheduled-payments", headers=headers, json={**payment, "amount": 5000}
+        )
         assert (created.status_code, created.get_json()["currency"]) == (201, "EUR")
     finally:
         app.extensions["paycron.pool"].close()
@@ -158,11 +186,16 @@ def test_the_limits_that_are_settings_are_checked_and_documented_alike(config, m
 
 def test_a_create_links_to_the_operations_that_take_its_id(client):
     document = client.get(URL).get_json()
-    operation_ids = {operation["operationId"] for item in document["paths"].values()
-                     for method, operation in item.items() if method != "parameters"}
+    operation_ids = {
+        operation["operationId"]
+        for item in document["paths"].values()
+        for method, operation in item.items()
+        if method != "parameters"
+    }
     for path, parameter, targets in (
-            ("/v1/scheduled-payments", "payment_id", {"payments_show", "payments_cancel"}),
-            ("/v1/webhook-endpoints", "endpoint_id", {"webhooks_delete"})):
+        ("/v1/scheduled-payments", "payment_id", {"payments_show", "payments_cancel"}),
+        ("/v1/webhook-endpoints", "endpoint_id", {"webhooks_delete"}),
+    ):
         links = document["paths"][path]["post"]["responses"]["201"]["links"]
         assert set(links) == targets and targets <= operation_ids
         for link in links.values():
@@ -179,21 +212,41 @@ _payment_cursor = ListQuerySchema().fields["cursor"]
 _event_cursor = FeedQuerySchema().fields["after"]
 _endpoint_cursor = EndpointListQuerySchema().fields["cursor"]
 
-schemathesis.openapi.format("payment-cursor", st.builds(
-    lambda when, payment_id: _payment_cursor.encode((when, payment_id)),
-    st.datetimes(min_value=datetime(1970, 1, 1), timezones=st.just(UTC)), st.uuids()))
-schemathesis.openapi.format("endpoint-cursor", st.builds(
-    lambda when, endpoint_id: _endpoint_cursor.encode((when, endpoint_id)),
-    st.datetimes(min_value=datetime(1970, 1, 1), timezones=st.just(UTC)), st.uuids()))
-schemathesis.openapi.format("event-cursor", st.builds(
-    lambda txid, event_id: _event_cursor.encode(Position(txid, event_id)),
-    st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1)))
-schemathesis.openapi.format("url", st.builds(
-    "{}://{}{}".format, st.sampled_from(["http", "https"]),
-    # Public address literals: registering checks the host resolves to public
-    # addresses only (SSRF), and a literal needs no DNS.
-    st.sampled_from(["93.184.215.14", "1.1.1.1:8443", "[2606:4700:4700::1111]"]),
-    st.sampled_from(["", "/", "/hooks/paycron", "/a?b=c"])))
+schemathesis.openapi.format(
+    "payment-cursor",
+    st.builds(
+        lambda when, payment_id: _payment_cursor.encode((when, payment_id)),
+        st.datetimes(min_value=datetime(1970, 1, 1), timezones=st.just(UTC)),
+        st.uuids(),
+    ),
+)
+schemathesis.openapi.format(
+    "endpoint-cursor",
+    st.builds(
+        lambda when, endpoint_id: _endpoint_cursor.encode((when, endpoint_id)),
+        st.datetimes(min_value=datetime(1970, 1, 1), timezones=st.just(UTC)),
+        st.uuids(),
+    ),
+)
+schemathesis.openapi.format(
+    "event-cursor",
+    st.builds(
+        lambda txid, event_id: _event_cursor.encode(Position(txid, event_id)),
+        st.integers(0, 2**63 - 1),
+        st.integers(0, 2**63 - 1),
+    ),
+)
+schemathesis.openapi.format(
+    "url",
+    st.builds(
+        "{}://{}{}".format,
+        st.sampled_from(["http", "https"]),
+        # Public address literals: registering checks the host resolves to public
+        # addresses only (SSRF), and a literal needs no DNS.
+        st.sampled_from(["93.184.215.14", "1.1.1.1:8443", "[2606:4700:4700::1111]"]),
+        st.sampled_from(["", "/", "/hooks/paycron", "/a?b=c"]),
+    ),
+)
 
 _DUE_AT = re.compile(DUE_AT_PATTERN)
 _KEY = re.compile(r"^[\x20-\x7e]{1,255}$")
@@ -206,8 +259,11 @@ def _into_the_window(due_at: str, horizon_days: int) -> str:
     when = datetime.fromisoformat(due_at)
     earliest = datetime.now(UTC) + timedelta(minutes=5)
     window = timedelta(days=horizon_days - 1).total_seconds()
-    return (earliest + timedelta(seconds=when.timestamp() % window)).astimezone(
-        when.tzinfo).isoformat()
+    return (
+        (earliest + timedelta(seconds=when.timestamp() % window))
+        .astimezone(when.tzinfo)
+        .isoformat()
+    )
 
 
 def _idempotency_key(key: str, body: dict) -> str:
@@ -221,24 +277,28 @@ def _idempotency_key(key: str, body: dict) -> str:
 def _park(conn) -> dict:
     """A FAILED payment with an open dead letter, for the admin operations."""
     row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-                 "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-                 (row["id"], row["due_at"], row["payer"]))
+    conn.execute(
+        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
+        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
+        (row["id"], row["due_at"], row["payer"]),
+    )
     return row
 
 
 def _config(auth_document: str) -> schemathesis.Config:
-    return schemathesis.Config.from_dict({
-        "seed": SEED,
-        "generation": {"max-examples": MAX_EXAMPLES},
-        # Every request is the admin's, so the admin routes answer too; bob is
-        # the peer who must not see the admin's payments (object_level_authorization).
-        "auth": {"wfc": {"path": auth_document, "user": "ops", "peers": ["ops", "bob"]}},
-        "operations": [
-            {"include-name": name, "checks": {check: {"enabled": False} for check in checks}}
-            for name, checks in EXCLUDED_CHECKS.items()
-        ],
-    })
+    return schemathesis.Config.from_dict(
+        {
+            "seed": SEED,
+            "generation": {"max-examples": MAX_EXAMPLES},
+            # Every request is the admin's, so the admin routes answer too; bob is
+            # the peer who must not see the admin's payments (object_level_authorization).
+            "auth": {"wfc": {"path": auth_document, "user": "ops", "peers": ["ops", "bob"]}},
+            "operations": [
+                {"include-name": name, "checks": {check: {"enabled": False} for check in checks}}
+                for name, checks in EXCLUDED_CHECKS.items()
+            ],
+        }
+    )
 
 
 @pytest.fixture
@@ -247,10 +307,22 @@ def api_schema(app, gateway, make_key, conn, config, tmp_path):
     the gateway is up (redrive and refund call it), and three parked payments
     give the admin actions something to act on."""
     auth_document = tmp_path / "auth.json"
-    auth_document.write_text(json.dumps({"auth": [
-        {"name": name, "fixedHeaders": [{"name": "Authorization", "value": f"Bearer {key}"}]}
-        for name, key in (("ops", make_key("ops-fuzz", admin=True)), ("bob", make_key("bob")))
-    ]}))
+    auth_document.write_text(
+        json.dumps(
+            {
+                "auth": [
+                    {
+                        "name": name,
+                        "fixedHeaders": [{"name": "Authorization", "value": f"Bearer {key}"}],
+                    }
+                    for name, key in (
+                        ("ops", make_key("ops-fuzz", admin=True)),
+                        ("bob", make_key("bob")),
+                    )
+                ]
+            }
+        )
+    )
     schema = schemathesis.openapi.from_wsgi(URL, app, config=_config(str(auth_document)))
     parked = [str(_park(conn)["id"]) for _ in range(3)]
 
@@ -314,9 +386,14 @@ def test_sequences_of_operations_answer_what_the_document_says(api_schema):
     # raises its own error and fails the test at once. Generation is retried.
     for attempt in range(STATEFUL_GENERATION_TRIES):
         try:
-            machine.run(settings=settings(
-                machine.TestCase.settings, max_examples=STATEFUL_SCENARIOS, database=None,
-                phases=[Phase.explicit, Phase.generate]))
+            machine.run(
+                settings=settings(
+                    machine.TestCase.settings,
+                    max_examples=STATEFUL_SCENARIOS,
+                    database=None,
+                    phases=[Phase.explicit, Phase.generate],
+                )
+            )
             return
         except FlakyStrategyDefinition:
             if attempt == STATEFUL_GENERATION_TRIES - 1:
@@ -324,6 +401,7 @@ def test_sequences_of_operations_answer_what_the_document_says(api_schema):
 
 
 # -- Defects the fuzzing found, fixed: each stays pinned by its test ---------------
+
 
 def _admin(make_key) -> dict:
     return {"Authorization": f"Bearer {make_key('ops-ann', admin=True)}"}
@@ -338,8 +416,9 @@ def test_a_405_names_the_allowed_methods(client, alice):
 @pytest.mark.parametrize("action", ["redrive", "refund"])
 def test_an_unreachable_gateway_is_a_502_problem(client, make_key, conn, action):
     # Without the `gateway` fixture the test config's gateway URL refuses connections.
-    response = client.post(f"/v1/admin/dead-letters/{_park(conn)['id']}/{action}",
-                           headers=_admin(make_key))
+    response = client.post(
+        f"/v1/admin/dead-letters/{_park(conn)['id']}/{action}", headers=_admin(make_key)
+    )
     assert (response.status_code, response.mimetype) == (502, "application/problem+json")
     assert response.get_json()["code"] == "GATEWAY_UNAVAILABLE"
 
@@ -347,25 +426,36 @@ def test_an_unreachable_gateway_is_a_502_problem(client, make_key, conn, action)
 @pytest.mark.parametrize("method", ["get", "delete"])
 def test_an_id_beyond_the_calendar_is_404(client, alice, method):
     response = getattr(client, method)(
-        "/v1/scheduled-payments/ffffffff-ffff-7fff-bfff-ffffffffffff", headers=alice)
+        "/v1/scheduled-payments/ffffffff-ffff-7fff-bfff-ffffffffffff", headers=alice
+    )
     assert response.status_code == 404
 
 
 def test_dismiss_refuses_a_body_that_is_not_an_object(client, make_key, conn):
-    response = client.post(f"/v1/admin/dead-letters/{_park(conn)['id']}/dismiss",
-                           headers=_admin(make_key), json=[])
+    response = client.post(
+        f"/v1/admin/dead-letters/{_park(conn)['id']}/dismiss", headers=_admin(make_key), json=[]
+    )
     assert response.status_code == 400
 
 
 def test_dismiss_refuses_a_nul_in_the_note(client, make_key, conn):
-    response = client.post(f"/v1/admin/dead-letters/{_park(conn)['id']}/dismiss",
-                           headers=_admin(make_key), json={"note": "a\x00b"})
+    response = client.post(
+        f"/v1/admin/dead-letters/{_park(conn)['id']}/dismiss",
+        headers=_admin(make_key),
+        json={"note": "a\x00b"},
+    )
     assert response.status_code == 400
 
 
 def test_a_nul_in_the_payee_is_a_400_not_a_500(client, alice):
-    response = client.post("/v1/scheduled-payments", headers={**alice, "Idempotency-Key": "k"},
-                           json={"payee": "a\x00b", "amount": 100,
-                                 "dueAt": (datetime.now(UTC) + timedelta(days=1)).isoformat()})
+    response = client.post(
+        "/v1/scheduled-payments",
+        headers={**alice, "Idempotency-Key": "k"},
+        json={
+            "payee": "a\x00b",
+            "amount": 100,
+            "dueAt": (datetime.now(UTC) + timedelta(days=1)).isoformat(),
+        },
+    )
     assert response.status_code == 400
     assert response.get_json()["errors"] == {"payee": ["payee must not contain U+0000"]}

@@ -24,10 +24,14 @@ def declining(scripted):
     client = HttpGateway(scripted.url, timeout=2)
 
     def decline(code: object) -> str:
-        scripted.answers[100] = (402, {"Content-Type": "application/json"},
-                                 json.dumps({"error": {"code": code}}).encode())
-        result = client.charge(ChargeRequest(
-            reference="r", idempotency_key="k", amount=100, currency="USD"))
+        scripted.answers[100] = (
+            402,
+            {"Content-Type": "application/json"},
+            json.dumps({"error": {"code": code}}).encode(),
+        )
+        result = client.charge(
+            ChargeRequest(reference="r", idempotency_key="k", amount=100, currency="USD")
+        )
         assert result.outcome is Outcome.DECLINED
         return result.error_code
 
@@ -35,20 +39,23 @@ def declining(scripted):
     client.close()
 
 
-@pytest.mark.parametrize("sent, stored", [
-    ("card_declined", "card_declined"),
-    ("insufficient_funds", "insufficient_funds"),
-    ("do_not_honor:05", "do_not_honor:05"),
-    ("card_declined\n2026-01-01 FORGED line", "card_declined_2026-01-01_FORGED_line"),
-    ("\x1b[2Jcleared", "_[2Jcleared"),  # a terminal escape
-    ("ok\u202edesrever", "ok_desrever"),  # a bidi override
-    ("déclinée", "d_clin_e"),
-    ("", "declined"),
-    ("\n\t", "declined"),
-    (42, "declined"),
-    (None, "declined"),
-    ({"nested": "x"}, "declined"),
-])
+@pytest.mark.parametrize(
+    "sent, stored",
+    [
+        ("card_declined", "card_declined"),
+        ("insufficient_funds", "insufficient_funds"),
+        ("do_not_honor:05", "do_not_honor:05"),
+        ("card_declined\n2026-01-01 FORGED line", "card_declined_2026-01-01_FORGED_line"),
+        ("\x1b[2Jcleared", "_[2Jcleared"),  # a terminal escape
+        ("ok\u202edesrever", "ok_desrever"),  # a bidi override
+        ("déclinée", "d_clin_e"),
+        ("", "declined"),
+        ("\n\t", "declined"),
+        (42, "declined"),
+        (None, "declined"),
+        ({"nested": "x"}, "declined"),
+    ],
+)
 def test_a_decline_code_is_stored_printable(declining, sent, stored):
     assert declining(sent) == stored
 
@@ -62,28 +69,38 @@ def test_dlq_list_escapes_what_it_prints(config, conn):
     inside its line: one line per letter, the id first."""
     forged = "http_503\n00000000-0000-0000-0000-000000000000\tRETRIES_EXHAUSTED\t-"
     row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error) "
-                 "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED', %s)",
-                 (row["id"], row["due_at"], row["payer"], forged + "\x1b[0m\\"))
-    result = CliRunner().invoke(main, ["dlq", "list"], env={"DATABASE_URL": config.database_url},
-                                catch_exceptions=False)
+    conn.execute(
+        "INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error) "
+        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED', %s)",
+        (row["id"], row["due_at"], row["payer"], forged + "\x1b[0m\\"),
+    )
+    result = CliRunner().invoke(
+        main, ["dlq", "list"], env={"DATABASE_URL": config.database_url}, catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     [line] = result.output.splitlines()
     fields = line.split("\t")
     assert fields[0] == str(row["id"]) and fields[1] == "RETRIES_EXHAUSTED"
-    assert fields[2] == (r"http_503\n00000000-0000-0000-0000-000000000000\tRETRIES_EXHAUSTED"
-                         r"\t-\x1b[0m\\")
+    assert fields[2] == (
+        r"http_503\n00000000-0000-0000-0000-000000000000\tRETRIES_EXHAUSTED"
+        r"\t-\x1b[0m\\"
+    )
     assert len(fields) == 4 and fields[3].startswith("parked ")
 
 
 def test_dlq_dismiss_prints_the_note_on_one_line(config, conn):
     row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute("INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-                 "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-                 (row["id"], row["due_at"], row["payer"]))
+    conn.execute(
+        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
+        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
+        (row["id"], row["due_at"], row["payer"]),
+    )
     result = CliRunner().invoke(
-        main, ["dlq", "dismiss", str(row["id"]), "--by", "ops", "--note", "left\nOK: all fine"],
-        env={"DATABASE_URL": config.database_url}, catch_exceptions=False)
+        main,
+        ["dlq", "dismiss", str(row["id"]), "--by", "ops", "--note", "left\nOK: all fine"],
+        env={"DATABASE_URL": config.database_url},
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [f"{row['id']} dismissed: left\\nOK: all fine"]
 

@@ -24,17 +24,20 @@ def quota_client(config):
 
 
 def _register(client, headers, n: int = 1) -> list:
-    return [client.post(URL, json={"url": f"https://hooks.example/{i}"}, headers=headers)
-            for i in range(n)]
+    return [
+        client.post(URL, json={"url": f"https://hooks.example/{i}"}, headers=headers)
+        for i in range(n)
+    ]
 
 
 def _live(conn, actor: str) -> int:
-    return conn.execute("SELECT count(*) AS n FROM webhook_endpoints"
-                        " WHERE actor = %s AND deleted_at IS NULL", (actor,)).fetchone()["n"]
+    return conn.execute(
+        "SELECT count(*) AS n FROM webhook_endpoints WHERE actor = %s AND deleted_at IS NULL",
+        (actor,),
+    ).fetchone()["n"]
 
 
-def test_registering_beyond_the_quota_is_409_and_creates_nothing(quota_client, alice, bob,
-                                                                conn):
+def test_registering_beyond_the_quota_is_409_and_creates_nothing(quota_client, alice, bob, conn):
     assert [r.status_code for r in _register(quota_client, alice, 3)] == [201] * 3
     refused = quota_client.post(URL, json={"url": "https://hooks.example/x"}, headers=alice)
     assert refused.status_code == 409
@@ -60,8 +63,9 @@ def test_concurrent_registrations_never_exceed_the_quota(database_url):
     def register(conn):
         barrier.wait()
         try:
-            webhooks.create_endpoint(conn, actor="racer", url="https://hooks.example/",
-                                     max_endpoints=quota)
+            webhooks.create_endpoint(
+                conn, actor="racer", url="https://hooks.example/", max_endpoints=quota
+            )
             outcomes.append("created")
         except LimitReached:
             outcomes.append("refused")
@@ -98,10 +102,16 @@ def test_the_list_pages_oldest_first_with_an_opaque_cursor(client, alice, bob):
     assert client.get(URL, headers=alice).json["nextCursor"] is None  # default limit 20
 
 
-@pytest.mark.parametrize("query, field", [
-    ({"limit": 0}, "limit"), ({"limit": 101}, "limit"), ({"limit": "x"}, "limit"),
-    ({"cursor": "not-a-cursor"}, "cursor"), ({"after": "x"}, "after"),
-])
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": 101}, "limit"),
+        ({"limit": "x"}, "limit"),
+        ({"cursor": "not-a-cursor"}, "cursor"),
+        ({"after": "x"}, "after"),
+    ],
+)
 def test_bad_list_queries_are_400(client, alice, query, field):
     response = client.get(URL, query_string=query, headers=alice)
     assert response.status_code == 400

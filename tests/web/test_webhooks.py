@@ -29,8 +29,12 @@ URL = "/v1/webhook-endpoints"
 #: Fast relay settings: a 1 s timeout, backoff from 50 ms doubling to 400 ms.
 FAST = RelayConfig.from_config(
     Config(webhook_allow_private_hosts=True),  # the receivers listen on loopback
-    timeout_seconds=1.0, lease_seconds=10.0, poll_seconds=0.02,
-    backoff_base_seconds=0.05, backoff_max_seconds=0.4)
+    timeout_seconds=1.0,
+    lease_seconds=10.0,
+    poll_seconds=0.02,
+    backoff_base_seconds=0.05,
+    backoff_max_seconds=0.4,
+)
 #: Another session on the shared server may hold the snapshot's xmin back
 #: for a moment; waits for deliveries allow this long.
 SETTLE_SECONDS = 15.0
@@ -40,8 +44,9 @@ def verify(secret: str, header: str, body: bytes, *, tolerance: float = 300) -> 
     """The receiver's side of the scheme, written from its description."""
     parts = dict(item.split("=", 1) for item in header.split(","))
     timestamp = int(parts["t"])
-    expected = hmac.new(secret.encode(), f"{timestamp}.".encode() + body,
-                        hashlib.sha256).hexdigest()
+    expected = hmac.new(
+        secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256
+    ).hexdigest()
     return hmac.compare_digest(expected, parts["v1"]) and abs(time.time() - timestamp) <= tolerance
 
 
@@ -66,12 +71,17 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 with receiver._lock:
                     n = len(receiver.requests)
-                    receiver.requests.append({
-                        "at": time.monotonic(), "event": json.loads(body),
-                        "event_id": self.headers["Paycron-Event-Id"],
-                        "valid": verify(receiver.secret, self.headers["Paycron-Signature"], body),
-                        "content_type": self.headers["Content-Type"],
-                    })
+                    receiver.requests.append(
+                        {
+                            "at": time.monotonic(),
+                            "event": json.loads(body),
+                            "event_id": self.headers["Paycron-Event-Id"],
+                            "valid": verify(
+                                receiver.secret, self.headers["Paycron-Signature"], body
+                            ),
+                            "content_type": self.headers["Content-Type"],
+                        }
+                    )
                 if receiver.hang_seconds:
                     receiver._released.wait(receiver.hang_seconds)
                 self.answer(500 if n < receiver.fail_first else 200, b"ok")
@@ -85,7 +95,7 @@ class Receiver:
     def event_ids(self, *, answered_ok: bool = True) -> list[int]:
         """Event ids in arrival order (by default only the requests answered 200)."""
         with self._lock:
-            requests = self.requests[self.fail_first if answered_ok else 0:]
+            requests = self.requests[self.fail_first if answered_ok else 0 :]
             return [r["event"]["id"] for r in requests]
 
     def close(self) -> None:
@@ -148,7 +158,8 @@ def deliveries(conn, endpoint_id: str) -> list[dict]:
     return conn.execute(
         "SELECT event_id, attempts, last_status, last_error, delivered_at"
         " FROM webhook_deliveries WHERE endpoint_id = %s ORDER BY event_id",
-        (endpoint_id,)).fetchall()
+        (endpoint_id,),
+    ).fetchall()
 
 
 # -- the API -------------------------------------------------------------------
@@ -169,17 +180,20 @@ def test_create_shows_the_secret_once_and_the_list_never(client, alice):
     assert created["secret"] not in client.get(URL, headers=alice).get_data(as_text=True)
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"url": "ftp://example.com/hooks"}, "url"),
-    ({"url": "javascript:alert(1)"}, "url"),
-    ({"url": "example.com/hooks"}, "url"),
-    ({"url": "not a url"}, "url"),
-    ({"url": "http://"}, "url"),
-    ({"url": 5}, "url"),
-    ({"url": "https://example.com/" + "a" * 2048}, "url"),
-    ({}, "url"),
-    ({"url": "https://example.com/", "secret": "mine"}, "secret"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"url": "ftp://example.com/hooks"}, "url"),
+        ({"url": "javascript:alert(1)"}, "url"),
+        ({"url": "example.com/hooks"}, "url"),
+        ({"url": "not a url"}, "url"),
+        ({"url": "http://"}, "url"),
+        ({"url": 5}, "url"),
+        ({"url": "https://example.com/" + "a" * 2048}, "url"),
+        ({}, "url"),
+        ({"url": "https://example.com/", "secret": "mine"}, "secret"),
+    ],
+)
 def test_create_refuses_anything_but_an_http_or_https_url(client, alice, body, field):
     response = client.post(URL, json=body, headers=alice)
     assert response.status_code == 400
@@ -190,8 +204,12 @@ def test_create_refuses_anything_but_an_http_or_https_url(client, alice, body, f
 
 def test_create_needs_a_key_and_json(client, alice):
     assert client.post(URL, json={"url": "https://example.com/"}).status_code == 401
-    response = client.post(URL, data="url=https://example.com/", headers=alice,
-                           content_type="application/x-www-form-urlencoded")
+    response = client.post(
+        URL,
+        data="url=https://example.com/",
+        headers=alice,
+        content_type="application/x-www-form-urlencoded",
+    )
     assert response.status_code == 415
 
 
@@ -221,8 +239,9 @@ def test_the_feed_shows_each_event_as_webhooks_post_it(client, alice, conn):
         return len(feed) == 2
 
     until(read_both)
-    rows = conn.execute("SELECT * FROM payment_events WHERE id = ANY(%s) ORDER BY id",
-                        (ids,)).fetchall()
+    rows = conn.execute(
+        "SELECT * FROM payment_events WHERE id = ANY(%s) ORDER BY id", (ids,)
+    ).fetchall()
     assert feed == [events.to_wire(row) for row in rows]
 
 
@@ -230,12 +249,18 @@ def test_the_feed_shows_each_event_as_webhooks_post_it(client, alice, conn):
 
 
 def test_events_arrive_signed_in_order_from_the_endpoints_creation_on(
-        client, alice, conn, relays, receivers):
+    client, alice, conn, relays, receivers
+):
     earlier = insert_event(conn)
     receiver = receivers()
     endpoint = register(client, alice, receiver)
-    types = ["payment.created", "payment.processing", "payment.pending", "payment.processing",
-             "payment.completed"]
+    types = [
+        "payment.created",
+        "payment.processing",
+        "payment.pending",
+        "payment.processing",
+        "payment.completed",
+    ]
     ids = [insert_event(conn, type=t) for t in types]
     relay = relays()
 
@@ -251,8 +276,7 @@ def test_events_arrive_signed_in_order_from_the_endpoints_creation_on(
 
     rows = deliveries(conn, endpoint)
     assert [r["event_id"] for r in rows] == ids
-    assert all(r["attempts"] == 1 and r["last_status"] == 200 and r["delivered_at"]
-               for r in rows)
+    assert all(r["attempts"] == 1 and r["last_status"] == 200 and r["delivered_at"] for r in rows)
 
 
 def test_a_forged_signature_does_not_verify(client, alice, conn, relays, receivers):
@@ -268,7 +292,8 @@ def test_a_forged_signature_does_not_verify(client, alice, conn, relays, receive
 
 
 def test_a_new_endpoint_gets_what_commits_after_its_creation(
-        client, alice, conn, database_url, relays, receivers):
+    client, alice, conn, database_url, relays, receivers
+):
     receiver = receivers()
     with psycopg.connect(database_url, row_factory=dict_row) as slow:
         open_before = insert_event(slow)  # its transaction is open while the endpoint is made
@@ -283,7 +308,8 @@ def test_a_new_endpoint_gets_what_commits_after_its_creation(
 
 
 def test_the_relay_never_skips_an_event_that_commits_late(
-        client, alice, conn, database_url, relays, receivers):
+    client, alice, conn, database_url, relays, receivers
+):
     receiver = receivers()
     register(client, alice, receiver)
     relay = relays()
@@ -300,7 +326,8 @@ def test_the_relay_never_skips_an_event_that_commits_late(
 
 
 def test_a_failing_receiver_gets_every_event_later_with_backoff(
-        client, alice, conn, relays, receivers):
+    client, alice, conn, relays, receivers
+):
     receiver = receivers(fail_first=3)
     endpoint = register(client, alice, receiver)
     ids = [insert_event(conn) for _ in range(3)]
@@ -308,10 +335,15 @@ def test_a_failing_receiver_gets_every_event_later_with_backoff(
 
     until(lambda: receiver.requests, relay)
     head = deliveries(conn, endpoint)
-    assert [(r["event_id"], r["attempts"], r["last_status"], r["last_error"], r["delivered_at"])
-            for r in head] == [(ids[0], 1, 500, "http_500", None)]
-    waiting = conn.execute("SELECT next_attempt_at > now() AS backing_off, lease_owner"
-                           " FROM webhook_endpoints WHERE id = %s", (endpoint,)).fetchone()
+    assert [
+        (r["event_id"], r["attempts"], r["last_status"], r["last_error"], r["delivered_at"])
+        for r in head
+    ] == [(ids[0], 1, 500, "http_500", None)]
+    waiting = conn.execute(
+        "SELECT next_attempt_at > now() AS backing_off, lease_owner"
+        " FROM webhook_endpoints WHERE id = %s",
+        (endpoint,),
+    ).fetchone()
     assert waiting == {"backing_off": True, "lease_owner": None}
 
     until(lambda: len(receiver.requests) >= 6, relay)
@@ -321,10 +353,13 @@ def test_a_failing_receiver_gets_every_event_later_with_backoff(
     # Backoff: 50 ms doubling, each at least 80% of its step (jitter is ±20%).
     at = [r["at"] for r in receiver.requests[:4]]
     gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
-    assert all(gap >= 0.05 * 2 ** i * 0.8 for i, gap in enumerate(gaps)), gaps
+    assert all(gap >= 0.05 * 2**i * 0.8 for i, gap in enumerate(gaps)), gaps
     rows = deliveries(conn, endpoint)
     assert [(r["event_id"], r["attempts"], r["last_status"], r["last_error"]) for r in rows] == [
-        (ids[0], 4, 200, None), (ids[1], 1, 200, None), (ids[2], 1, 200, None)]
+        (ids[0], 4, 200, None),
+        (ids[1], 1, 200, None),
+        (ids[2], 1, 200, None),
+    ]
     assert all(r["delivered_at"] for r in rows)
 
 
@@ -342,7 +377,8 @@ def test_an_unreachable_endpoint_is_recorded_and_retried(client, alice, conn, re
 
 
 def test_a_hanging_endpoint_does_not_delay_another_payers(
-        client, alice, bob, conn, relays, receivers):
+    client, alice, bob, conn, relays, receivers
+):
     hung = receivers(hang_seconds=30)
     healthy = receivers()
     hung_endpoint = register(client, alice, hung)
@@ -383,8 +419,7 @@ def test_deleted_endpoints_receive_nothing(client, alice, conn, relays, receiver
     assert before_any.requests == [] and deliveries(conn, deleted_early) == []
 
 
-def test_another_payers_events_never_reach_an_endpoint(
-        client, alice, bob, conn, relays, receivers):
+def test_another_payers_events_never_reach_an_endpoint(client, alice, bob, conn, relays, receivers):
     alices, bobs = receivers(), receivers()
     register(client, alice, alices)
     register(client, bob, bobs)
@@ -401,7 +436,8 @@ def test_another_payers_events_never_reach_an_endpoint(
 
 
 def test_two_relays_deliver_each_event_once_per_endpoint(
-        client, alice, bob, conn, relays, receivers):
+    client, alice, bob, conn, relays, receivers
+):
     endpoints = {"alice-1": receivers(), "alice-2": receivers(), "bob": receivers()}
     for name, receiver in endpoints.items():
         register(client, alice if name.startswith("alice") else bob, receiver)
@@ -420,13 +456,15 @@ def test_two_relays_deliver_each_event_once_per_endpoint(
     for name, receiver in endpoints.items():
         assert receiver.event_ids() == expected[name.split("-")[0]], name
         assert all(r["valid"] for r in receiver.requests)
-    attempts = conn.execute("SELECT attempts, count(*) AS n FROM webhook_deliveries"
-                            " GROUP BY attempts").fetchall()
+    attempts = conn.execute(
+        "SELECT attempts, count(*) AS n FROM webhook_deliveries GROUP BY attempts"
+    ).fetchall()
     assert attempts == [{"attempts": 1, "n": 100}]
 
 
 def test_a_leased_endpoint_waits_for_its_lease_to_end(
-        client, alice, conn, database_url, relays, receivers):
+    client, alice, conn, database_url, relays, receivers
+):
     receiver = receivers()
     register(client, alice, receiver)
     event = insert_event(conn)
@@ -444,8 +482,9 @@ def test_a_relay_whose_lease_ran_out_moves_no_cursor(client, alice, conn, databa
     claimed = []
     with psycopg.connect(database_url, row_factory=dict_row, autocommit=True) as db:
         until(lambda: webhooks.claim_endpoints(db, limit=1, lease_seconds=0.1))
-        [stale] = conn.execute("SELECT id AS endpoint_id, url, secret, lease_owner AS owner"
-                               " FROM webhook_endpoints").fetchall()
+        [stale] = conn.execute(
+            "SELECT id AS endpoint_id, url, secret, lease_owner AS owner FROM webhook_endpoints"
+        ).fetchall()
 
         def claim_again():  # as soon as the first lease ends, in the database's time
             claimed[:] = webhooks.claim_endpoints(db, limit=1, lease_seconds=10)
@@ -455,8 +494,10 @@ def test_a_relay_whose_lease_ran_out_moves_no_cursor(client, alice, conn, databa
         [current] = claimed
         [pending] = webhooks.pending_events(db, current, limit=10)
         assert pending["id"] == event
-        assert webhooks.record_delivered(db, webhooks.Lease(**stale), pending, 200) \
+        assert (
+            webhooks.record_delivered(db, webhooks.Lease(**stale), pending, 200)
             is webhooks.Recorded.LEASE_LOST
+        )
         # The delivery happened, so it is recorded; the stream is still the new holder's.
         assert [r["event_id"] for r in deliveries(db, endpoint["id"])] == [event]
         assert [e["id"] for e in webhooks.pending_events(db, current, limit=10)] == [event]
@@ -478,10 +519,17 @@ def test_the_relay_refuses_a_timeout_its_lease_cannot_cover():
         RelayConfig.from_config(Config(), timeout_seconds=5, lease_seconds=10)
 
 
-@pytest.mark.parametrize("url", [
-    "http://127.0.0.1:8080/hook", "http://localhost/hook", "http://10.1.2.3/hook",
-    "http://169.254.169.254/latest/meta-data", "http://[::1]/hook", "http://192.168.0.10/",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/hook",
+        "http://localhost/hook",
+        "http://10.1.2.3/hook",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]/hook",
+        "http://192.168.0.10/",
+    ],
+)
 def test_internal_destinations_are_refused_by_default(config, alice, conn, url):
     from web import create_app
 
@@ -495,8 +543,7 @@ def test_internal_destinations_are_refused_by_default(config, alice, conn, url):
     assert conn.execute("SELECT count(*) AS n FROM webhook_endpoints").fetchone()["n"] == 0
 
 
-def test_the_relay_refuses_an_internal_destination_too(client, alice, conn, relays,
-                                                       receivers):
+def test_the_relay_refuses_an_internal_destination_too(client, alice, conn, relays, receivers):
     """An endpoint stored before the rule (or re-pointed by DNS) is not called."""
     receiver = receivers()
     endpoint = register(client, alice, receiver)  # this app allows loopback; the relay not
@@ -506,7 +553,11 @@ def test_the_relay_refuses_an_internal_destination_too(client, alice, conn, rela
     until(lambda: deliveries(conn, endpoint), relay)
     [row] = deliveries(conn, endpoint)
     assert (row["event_id"], row["last_status"], row["last_error"], row["delivered_at"]) == (
-        event, None, "forbidden_destination", None)
+        event,
+        None,
+        "forbidden_destination",
+        None,
+    )
     assert receiver.requests == []
 
 
@@ -517,15 +568,24 @@ def test_only_hosts_resolving_to_public_addresses_are_allowed():
 
 
 def test_relay_settings_come_from_the_environment():
-    config = Config.from_env({"WEBHOOK_CONCURRENCY": "3", "WEBHOOK_TIMEOUT_SECONDS": "30s",
-                              "WEBHOOK_BACKOFF_MAX_SECONDS": "1h",
-                              "WEBHOOK_ALLOW_PRIVATE_HOSTS": "true"})
+    config = Config.from_env(
+        {
+            "WEBHOOK_CONCURRENCY": "3",
+            "WEBHOOK_TIMEOUT_SECONDS": "30s",
+            "WEBHOOK_BACKOFF_MAX_SECONDS": "1h",
+            "WEBHOOK_ALLOW_PRIVATE_HOSTS": "true",
+        }
+    )
     relay = RelayConfig.from_config(config)
     assert (relay.concurrency, relay.timeout_seconds, relay.backoff_max_seconds) == (3, 30, 3600)
     assert relay.allow_private_hosts
     # a long timeout stretches the lease instead of failing the lease/4 rule
     assert relay.lease_seconds == 120
-    for bad in ({"WEBHOOK_CONCURRENCY": "0"}, {"WEBHOOK_TIMEOUT_SECONDS": "0"},
-                {"WEBHOOK_BACKOFF_MAX_SECONDS": "0"}, {"WEBHOOK_BACKOFF_MAX_SECONDS": "500ms"}):
+    for bad in (
+        {"WEBHOOK_CONCURRENCY": "0"},
+        {"WEBHOOK_TIMEOUT_SECONDS": "0"},
+        {"WEBHOOK_BACKOFF_MAX_SECONDS": "0"},
+        {"WEBHOOK_BACKOFF_MAX_SECONDS": "500ms"},
+    ):
         with pytest.raises(ConfigError):
             RelayConfig.from_config(Config.from_env(bad))

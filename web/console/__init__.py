@@ -17,8 +17,9 @@ from paycron.limits.breaker import CircuitBreaker
 from web.console import reads
 from web.console.session import ConsoleRefused, ConsoleSessionInterface, csrf_token
 
-bp = Blueprint("console", __name__, url_prefix="/console", template_folder="templates",
-               static_folder="static")
+bp = Blueprint(
+    "console", __name__, url_prefix="/console", template_folder="templates", static_folder="static"
+)
 
 
 def utc(value: datetime | None) -> str:
@@ -45,8 +46,9 @@ def age(value: float | timedelta | None) -> str:
 
 @bp.errorhandler(ConsoleRefused)
 def _refused(error: ConsoleRefused):
-    return render_template("console/error.html", status=error.status,
-                           message=error.message), error.status
+    return render_template(
+        "console/error.html", status=error.status, message=error.message
+    ), error.status
 
 
 def install(app: Flask, *, breaker: CircuitBreaker) -> None:
@@ -56,8 +58,9 @@ def install(app: Flask, *, breaker: CircuitBreaker) -> None:
         return
     from web.console import actions, views  # noqa: F401  (their routes join bp)
 
-    app.session_interface = ConsoleSessionInterface(config.console_secret_key,
-                                                    minutes=config.console_session_minutes)
+    app.session_interface = ConsoleSessionInterface(
+        config.console_secret_key, minutes=config.console_session_minutes
+    )
     app.permanent_session_lifetime = timedelta(minutes=config.console_session_minutes)
     app.jinja_env.filters.update(utc=utc, age=age)
     app.jinja_env.globals.update(csrf_token=csrf_token)
@@ -66,11 +69,13 @@ def install(app: Flask, *, breaker: CircuitBreaker) -> None:
 
     def read():
         with pool.connection() as conn:
-            return reads.read_overview(conn, now=clock(), circuit=lambda: breaker.state().value,
-                                       processor=config.gateway)
+            return reads.read_overview(
+                conn, now=clock(), circuit=lambda: breaker.state().value, processor=config.gateway
+            )
 
     app.extensions["paycron.console.overview"] = reads.Cached(
-        read, ttl=config.console_cache_seconds)
+        read, ttl=config.console_cache_seconds
+    )
     app.register_blueprint(bp)
 
 

@@ -17,12 +17,18 @@ from web.console.session import ConsoleRefused
 
 #: What each action is called on its button, and what it will do.
 ACTIONS = {
-    "redrive": ("Re-drive", "Ask the gateway by reference first: a charge found completes "
-                            "the payment; otherwise it goes back to PENDING with a fresh "
-                            "retry budget and the same idempotency key."),
-    "refund": ("Refund", "Refund the charge the gateway holds for this payment (keyed "
-                         "refund:<payment id>, so it is never refunded twice) and close "
-                         "the dead letter."),
+    "redrive": (
+        "Re-drive",
+        "Ask the gateway by reference first: a charge found completes "
+        "the payment; otherwise it goes back to PENDING with a fresh "
+        "retry budget and the same idempotency key.",
+    ),
+    "refund": (
+        "Refund",
+        "Refund the charge the gateway holds for this payment (keyed "
+        "refund:<payment id>, so it is never refunded twice) and close "
+        "the dead letter.",
+    ),
     "dismiss": ("Dismiss", "Close the dead letter without any action at the gateway."),
 }
 #: At most this many payments are re-driven by one confirmation.
@@ -74,9 +80,14 @@ def confirm(payment_id: str, name: str):
             shown = dead_letters.show(conn, parsed)
         except NotFound:
             raise ConsoleRefused(404, "No dead letter for this payment.") from None
-    return render_template("console/confirm.html", name=name, label=label,
-                           explanation=explanation, payment=shown["payment"],
-                           letter=shown["dead_letters"][0])
+    return render_template(
+        "console/confirm.html",
+        name=name,
+        label=label,
+        explanation=explanation,
+        payment=shown["payment"],
+        letter=shown["dead_letters"][0],
+    )
 
 
 @bp.post("/dead-letters/<payment_id>/<name>")
@@ -100,8 +111,9 @@ def redrive_selected():
     if len(ids) > MAX_SELECTION:
         raise ConsoleRefused(400, f"At most {MAX_SELECTION} payments at once.")
     if request.form.get("confirmed") != "yes":
-        return render_template("console/confirm_selection.html", ids=ids,
-                               explanation=ACTIONS["redrive"][1])
+        return render_template(
+            "console/confirm_selection.html", ids=ids, explanation=ACTIONS["redrive"][1]
+        )
     with current_app.extensions["paycron.pool"].connection() as conn:
         for payment_id in ids:
             done, message = _attempt(conn, "redrive", payment_id)

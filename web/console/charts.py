@@ -61,8 +61,16 @@ def histogram(counts: list[int], labels: list[str]) -> Bars:
     bars = []
     for i, (count, label) in enumerate(zip(counts, labels, strict=True)):
         height = HEIGHT * count / top
-        bars.append(Bar(x=LEFT + i * slot + slot * 0.1, y=TOP + HEIGHT - height,
-                        width=slot * 0.8, height=height, label=label, count=count))
+        bars.append(
+            Bar(
+                x=LEFT + i * slot + slot * 0.1,
+                y=TOP + HEIGHT - height,
+                width=slot * 0.8,
+                height=height,
+                label=label,
+                count=count,
+            )
+        )
     return Bars(bars, top)
 
 
@@ -72,7 +80,9 @@ def lines(series: dict[str, list[int]]) -> Lines:
     step = WIDTH / max(1, minutes - 1)
     drawn = []
     for name, values in series.items():
-        points = " ".join(f"{LEFT + i * step:.1f},{TOP + HEIGHT - HEIGHT * v / top:.1f}"
-                          for i, v in enumerate(values))
+        points = " ".join(
+            f"{LEFT + i * step:.1f},{TOP + HEIGHT - HEIGHT * v / top:.1f}"
+            for i, v in enumerate(values)
+        )
         drawn.append((name, points))
     return Lines(drawn, top, minutes)

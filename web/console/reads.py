@@ -48,6 +48,7 @@ def id_floor(when: datetime) -> uuid.UUID:
 
 # -- overview -----------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Overview:
     read_at: datetime
@@ -67,26 +68,36 @@ def _per_minute(rows, minutes: int) -> list[int]:
     return counts
 
 
-def read_overview(conn: Connection, *, now: datetime, circuit: Callable[[], str],
-                  processor: str = "fake") -> Overview:
+def read_overview(
+    conn: Connection, *, now: datetime, circuit: Callable[[], str], processor: str = "fake"
+) -> Overview:
     """The health numbers of ``paycron stats``, the circuit's state and the
     pictures' series over the last hour."""
     since, minutes = now - WINDOW, int(WINDOW.total_seconds() // 60)
     buckets = [0] * (len(LATENESS_EDGES) + 1)
-    for row in conn.execute(QUERIES["lateness_histogram"], {
-            "edges": [float(e) for e in LATENESS_EDGES], "since": since, "until": now}):
+    for row in conn.execute(
+        QUERIES["lateness_histogram"],
+        {"edges": [float(e) for e in LATENESS_EDGES], "since": since, "until": now},
+    ):
         buckets[row["bucket"]] += row["n"]
     claims = conn.execute(QUERIES["claims_per_minute"], {"since": since, "until": now})
-    due = conn.execute(QUERIES["due_per_minute"], {
-        "since": since, "until": now, "id_from": id_floor(since), "id_to": id_floor(now)})
+    due = conn.execute(
+        QUERIES["due_per_minute"],
+        {"since": since, "until": now, "id_from": id_floor(since), "id_to": id_floor(now)},
+    )
     try:
         state = circuit()
     except Exception:  # Redis down: the page still shows what Postgres says
         state = "unknown"
-    return Overview(read_at=now, health=stats.health(conn, window=WINDOW, processor=processor),
-                    partitions_ahead=partitions.days_ahead(conn, now.date()), circuit=state,
-                    lateness_buckets=buckets, claims=_per_minute(claims, minutes),
-                    due=_per_minute(due, minutes))
+    return Overview(
+        read_at=now,
+        health=stats.health(conn, window=WINDOW, processor=processor),
+        partitions_ahead=partitions.days_ahead(conn, now.date()),
+        circuit=state,
+        lateness_buckets=buckets,
+        claims=_per_minute(claims, minutes),
+        due=_per_minute(due, minutes),
+    )
 
 
 class Cached:
@@ -94,8 +105,13 @@ class Cached:
     wait for it): operators refreshing the overview cost one read per
     interval, whatever their number."""
 
-    def __init__(self, read: Callable[[], object], *, ttl: float,
-                 monotonic: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        read: Callable[[], object],
+        *,
+        ttl: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self._read, self._ttl, self._monotonic = read, ttl, monotonic
         self._lock = threading.Lock()
         self._value: tuple[float, object] | None = None
@@ -110,6 +126,7 @@ class Cached:
 
 # -- payments -------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Page:
     rows: list[dict]
@@ -117,29 +134,37 @@ class Page:
     scanned: int | None = None  # rows read to find them, when that differs
 
 
-def payments_of_payer(conn: Connection, *, payer: str, status: str | None,
-                      cursor: str | None) -> Page:
+def payments_of_payer(
+    conn: Connection, *, payer: str, status: str | None, cursor: str | None
+) -> Page:
     """A payer's payments, newest first: the API's own list (it rides
     ``idempotency_keys_list_idx``, a status filter reads a bounded stretch)."""
     after = None
     if cursor:
         created_at, _, payment_id = cursor.partition("_")
         after = (datetime.fromisoformat(created_at), uuid.UUID(payment_id))
-    rows, next_key = payments.list_payments(conn, actor=payer, status=status, limit=PAGE,
-                                            after=after)
-    return Page(rows, None if next_key is None
-                else f"{next_key[0].isoformat()}_{next_key[1]}")
+    rows, next_key = payments.list_payments(
+        conn, actor=payer, status=status, limit=PAGE, after=after
+    )
+    return Page(rows, None if next_key is None else f"{next_key[0].isoformat()}_{next_key[1]}")
 
 
-def payments_of_day(conn: Connection, *, day: date, status: str | None,
-                    cursor: str | None) -> Page:
+def payments_of_day(conn: Connection, *, day: date, status: str | None, cursor: str | None) -> Page:
     """One due day's payments in due order, matches among at most
     ``DAY_SCAN`` rows read (all rows read, without a status)."""
     after = uuid.UUID(cursor) if cursor else _START_ID
     scan = DAY_SCAN if status else PAGE
-    rows = conn.execute(QUERIES["payments_of_day"], {
-        "day_from": day_start(day), "day_to": day_start(day + timedelta(days=1)),
-        "after": after, "scan": scan, "limit": PAGE, "status": status}).fetchall()
+    rows = conn.execute(
+        QUERIES["payments_of_day"],
+        {
+            "day_from": day_start(day),
+            "day_to": day_start(day + timedelta(days=1)),
+            "after": after,
+            "scan": scan,
+            "limit": PAGE,
+            "status": status,
+        },
+    ).fetchall()
     scanned, last_read = rows[0]["scanned"], rows[0]["last_id"]
     found = [row for row in rows if row["id"] is not None]
     if len(found) == PAGE and found[-1]["id"] != last_read:
@@ -166,19 +191,36 @@ def payment_detail(conn: Connection, payment_id: uuid.UUID) -> dict | None:
 
 # -- dead letters and waiting payments ----------------------------------------------
 
+
 def open_letters(conn: Connection, *, cursor: str | None, limit: int = PAGE) -> Page:
     """A page of open dead letters, oldest first, each with its payment."""
     after_created_at, after_id = "-infinity", 0
     if cursor:
         created_at, _, letter_id = cursor.partition("_")
         after_created_at, after_id = datetime.fromisoformat(created_at), int(letter_id)
-    letters = conn.execute(QUERIES["open_letters_page"], {
-        "after_created_at": after_created_at, "after_id": after_id, "limit": limit + 1,
-    }).fetchall()
+    letters = conn.execute(
+        QUERIES["open_letters_page"],
+        {
+            "after_created_at": after_created_at,
+            "after_id": after_id,
+            "limit": limit + 1,
+        },
+    ).fetchall()
     more, letters = len(letters) > limit, letters[:limit]
-    found = {row["id"]: row for row in conn.execute(QUERIES["payments_by_keys"], {
-        "ids": [d["payment_id"] for d in letters], "due_ats": [d["due_at"] for d in letters],
-    })} if letters else {}
+    found = (
+        {
+            row["id"]: row
+            for row in conn.execute(
+                QUERIES["payments_by_keys"],
+                {
+                    "ids": [d["payment_id"] for d in letters],
+                    "due_ats": [d["due_at"] for d in letters],
+                },
+            )
+        }
+        if letters
+        else {}
+    )
     rows = [{**letter, "payment": found.get(letter["payment_id"])} for letter in letters]
     last = letters[-1] if letters else None
     return Page(rows, f"{last['created_at'].isoformat()}_{last['id']}" if more else None)
@@ -191,22 +233,26 @@ def waiting(conn: Connection, name: str, *, now: datetime, limit: int = PAGE) ->
 
 # -- reconciliation and webhooks ------------------------------------------------
 
+
 def reconciliation_runs(conn: Connection, *, cursor: str | None) -> Page:
     before = int(cursor) if cursor else 2**63 - 1
-    rows = conn.execute(QUERIES["reconciliation_runs_page"], {
-        "before_id": before, "limit": PAGE + 1}).fetchall()
+    rows = conn.execute(
+        QUERIES["reconciliation_runs_page"], {"before_id": before, "limit": PAGE + 1}
+    ).fetchall()
     more, rows = len(rows) > PAGE, rows[:PAGE]
     return Page(rows, str(rows[-1]["id"]) if more else None)
 
 
-def reconciliation_run(conn: Connection, run_id: int, *, cursor: str | None) -> tuple[
-        dict | None, Page]:
+def reconciliation_run(
+    conn: Connection, run_id: int, *, cursor: str | None
+) -> tuple[dict | None, Page]:
     run = conn.execute(QUERIES["reconciliation_run"], {"id": run_id}).fetchone()
     if run is None:
         return None, Page([], None)
-    items = conn.execute(QUERIES["reconciliation_items_page"], {
-        "run_id": run_id, "after_id": int(cursor) if cursor else 0,
-        "limit": PAGE + 1}).fetchall()
+    items = conn.execute(
+        QUERIES["reconciliation_items_page"],
+        {"run_id": run_id, "after_id": int(cursor) if cursor else 0, "limit": PAGE + 1},
+    ).fetchall()
     more, items = len(items) > PAGE, items[:PAGE]
     return run, Page(items, str(items[-1]["id"]) if more else None)
 
@@ -217,13 +263,21 @@ def webhook_backlog(conn: Connection, *, cursor: str | None) -> Page:
     if cursor:
         actor, created_at, endpoint_id = cursor.rsplit("_", 2)
         after = (actor, created_at, uuid.UUID(endpoint_id))
-    rows = conn.execute(QUERIES["webhook_backlog_page"], {
-        "after_actor": after[0], "after_created_at": after[1], "after_id": after[2],
-        "count_cap": BACKLOG_CAP + 1, "limit": PAGE + 1}).fetchall()
+    rows = conn.execute(
+        QUERIES["webhook_backlog_page"],
+        {
+            "after_actor": after[0],
+            "after_created_at": after[1],
+            "after_id": after[2],
+            "count_cap": BACKLOG_CAP + 1,
+            "limit": PAGE + 1,
+        },
+    ).fetchall()
     more, rows = len(rows) > PAGE, rows[:PAGE]
     last = rows[-1] if rows else None
-    return Page(rows, f"{last['actor']}_{last['created_at'].isoformat()}_{last['id']}"
-                if more else None)
+    return Page(
+        rows, f"{last['actor']}_{last['created_at'].isoformat()}_{last['id']}" if more else None
+    )
 
 
 def due_day_of(payment_id: uuid.UUID) -> date:

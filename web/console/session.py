@@ -61,10 +61,15 @@ class ConsoleSessionInterface(SecureCookieSessionInterface):
         self._lifetime = timedelta(minutes=minutes)
 
     def get_signing_serializer(self, app: Flask):
-        return URLSafeTimedSerializer(self._secret_key, salt=self.salt,
-                                      serializer=self.serializer,
-                                      signer_kwargs={"key_derivation": self.key_derivation,
-                                                     "digest_method": self.digest_method})
+        return URLSafeTimedSerializer(
+            self._secret_key,
+            salt=self.salt,
+            serializer=self.serializer,
+            signer_kwargs={
+                "key_derivation": self.key_derivation,
+                "digest_method": self.digest_method,
+            },
+        )
 
     def open_session(self, app, request):
         if not request.path.startswith(PREFIX):
@@ -111,9 +116,12 @@ def check_csrf() -> None:
     expected = session.get(CSRF_FIELD)
     presented = request.form.get(CSRF_FIELD, "")
     if not expected or not hmac.compare_digest(presented.encode(), expected.encode()):
-        raise ConsoleRefused(400, "This form had no valid CSRF token (it may have been "
-                                  "open too long, or sent from elsewhere). Reload the page "
-                                  "and try again.")
+        raise ConsoleRefused(
+            400,
+            "This form had no valid CSRF token (it may have been "
+            "open too long, or sent from elsewhere). Reload the page "
+            "and try again.",
+        )
 
 
 def sign_in(principal: Principal) -> None:
@@ -136,7 +144,8 @@ def current_operator() -> Principal | None:
     if key_id is None:
         return None
     principal = current_app.extensions["paycron.principals"].by_id(
-        current_app.extensions["paycron.pool"], key_id)
+        current_app.extensions["paycron.pool"], key_id
+    )
     if principal is None or not principal.is_admin:
         session.clear()
         session["ended"] = "revoked"

@@ -58,8 +58,9 @@ def _no_store(response):
     # Pages show payments and payers: no cache keeps them after sign-out.
     response.headers["Cache-Control"] = "no-store"
     response.headers.setdefault("X-Frame-Options", "DENY")
-    response.headers.setdefault("Content-Security-Policy",
-                                "default-src 'self'; frame-ancestors 'none'; form-action 'self'")
+    response.headers.setdefault(
+        "Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'"
+    )
     return response
 
 
@@ -71,22 +72,28 @@ def sign_in():
     elif session.pop("ended", None):
         notice = "Your session ended: its API key was revoked or is no longer an admin key."
     if request.method == "GET":
-        return render_template("console/sign_in.html", notice=notice,
-                               next=request.args.get("next", ""))
+        return render_template(
+            "console/sign_in.html", notice=notice, next=request.args.get("next", "")
+        )
     key = request.form.get("api_key", "").strip()
-    principal = current_app.extensions["paycron.principals"].authenticate(_pool(), key) \
-        if key else None
+    principal = (
+        current_app.extensions["paycron.principals"].authenticate(_pool(), key) if key else None
+    )
     if principal is None:
-        return render_template("console/sign_in.html", next=request.form.get("next", ""),
-                               error="That API key is unknown or revoked."), 401
+        return render_template(
+            "console/sign_in.html",
+            next=request.form.get("next", ""),
+            error="That API key is unknown or revoked.",
+        ), 401
     if not principal.is_admin:
         return render_template(
-            "console/sign_in.html", next=request.form.get("next", ""),
+            "console/sign_in.html",
+            next=request.form.get("next", ""),
             error="That is a payer key: only an admin API key can sign in to the console "
-                  "(paycron api-key create --admin)."), 403
+            "(paycron api-key create --admin).",
+        ), 403
     start_session(principal)
-    current_app.logger.info("console sign-in actor=%s key_id=%s", principal.actor,
-                            principal.key_id)
+    current_app.logger.info("console sign-in actor=%s key_id=%s", principal.actor, principal.key_id)
     return redirect(_safe_next(request.form.get("next")))
 
 
@@ -102,12 +109,14 @@ def overview():
     data = current_app.extensions["paycron.console.overview"].get()
     labels = charts.bucket_labels(reads.LATENESS_EDGES)
     return render_template(
-        "console/overview.html", data=data,
+        "console/overview.html",
+        data=data,
         lateness=charts.histogram(data.lateness_buckets, labels),
         flow=charts.lines({"Claims": data.claims, "Due": data.due}),
         lateness_rows=list(zip(labels, data.lateness_buckets, strict=True)),
         flow_rows=list(zip(data.claims, data.due, strict=True)),
-        chart=charts)
+        chart=charts,
+    )
 
 
 def _bad(message: str):
@@ -130,17 +139,18 @@ def payments():
     try:
         with _pool().connection() as conn:
             if query["payer"]:
-                page = reads.payments_of_payer(conn, payer=query["payer"], status=status,
-                                               cursor=page_cursor())
+                page = reads.payments_of_payer(
+                    conn, payer=query["payer"], status=status, cursor=page_cursor()
+                )
             elif status or query["day"]:
                 day = date.fromisoformat(query["day"]) if query["day"] else _now().date()
                 query["day"] = day.isoformat()
-                page = reads.payments_of_day(conn, day=day, status=status,
-                                             cursor=page_cursor())
+                page = reads.payments_of_day(conn, day=day, status=status, cursor=page_cursor())
     except ValueError:
         _bad("A bad day (use YYYY-MM-DD) or page cursor.")
-    return render_template("console/payments.html", query=query, page=page,
-                           statuses=statuses(), scan=reads.DAY_SCAN)
+    return render_template(
+        "console/payments.html", query=query, page=page, statuses=statuses(), scan=reads.DAY_SCAN
+    )
 
 
 @bp.get("/payments/<payment_id>")
@@ -165,8 +175,9 @@ def dead_letters():
             awaiting = reads.waiting(conn, "awaiting_gateway", now=now)
     except ValueError:
         _bad("A bad page cursor.")
-    return render_template("console/dead_letters.html", letters=letters, in_doubt=in_doubt,
-                           awaiting=awaiting, now=now)
+    return render_template(
+        "console/dead_letters.html", letters=letters, in_doubt=in_doubt, awaiting=awaiting, now=now
+    )
 
 
 @bp.get("/reconciliation")
@@ -201,6 +212,10 @@ def webhooks():
     payers: dict[str, list[dict]] = {}
     for row in endpoints.rows:
         payers.setdefault(row["actor"], []).append(row)
-    return render_template("console/webhooks.html", endpoints=endpoints, payers=payers,
-                           cap=reads.BACKLOG_CAP, now=_now())
-
+    return render_template(
+        "console/webhooks.html",
+        endpoints=endpoints,
+        payers=payers,
+        cap=reads.BACKLOG_CAP,
+        now=_now(),
+    )

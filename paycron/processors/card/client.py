@@ -52,21 +52,28 @@ def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
     if status == 402:
         return CallResult(Outcome.DECLINED, error_code=_declined(response))
     if status == 429:
-        return CallResult(Outcome.RATE_LIMITED, error_code="rate_limited",
-                          retry_after=retry_after(response.headers))
+        return CallResult(
+            Outcome.RATE_LIMITED,
+            error_code="rate_limited",
+            retry_after=retry_after(response.headers),
+        )
     if status == 409:
         # Our key is being processed by another request (a zombie's call, or
         # one the processor still runs after our timeout): its outcome is
         # unknown to us until we ask again. Not a failure (SPEC §3).
-        return CallResult(Outcome.KEY_IN_USE, error_code="idempotency_key_in_use",
-                          in_doubt=True)
+        return CallResult(Outcome.KEY_IN_USE, error_code="idempotency_key_in_use", in_doubt=True)
     if status >= 500:
         # A 5xx may come from behind the charge: treat it as in doubt. One the
         # gateway replays for the key is a stored answer: asking again gets
         # it again, so it is resolved by lookup.
         replayed = response.headers.get("Idempotent-Replayed") == "true"
-        return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}",
-                          in_doubt=True, replayed=replayed, look_up=replayed)
+        return CallResult(
+            Outcome.RETRYABLE_ERROR,
+            error_code=f"http_{status}",
+            in_doubt=True,
+            replayed=replayed,
+            look_up=replayed,
+        )
     # Any other 4xx is our bug or a gateway contract change: retry within the
     # budget, then park for a human rather than guess a decline.
     return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}")
@@ -85,21 +92,32 @@ class HttpGateway:
     def __init__(self, base_url: str, *, timeout: float, max_connections: int = 64):
         self._timeout = urllib3.Timeout(connect=min(timeout, 3.0), read=timeout)
         self._call_seconds = timeout
-        self._pool = urllib3.PoolManager(num_pools=4, maxsize=max_connections, block=False,
-                                         retries=False, timeout=self._timeout)
+        self._pool = urllib3.PoolManager(
+            num_pools=4, maxsize=max_connections, block=False, retries=False, timeout=self._timeout
+        )
         self._base_url = base_url.rstrip("/")
 
     def close(self) -> None:
         self._pool.clear()
 
-    def _request(self, method: str, path: str, *, body: dict | None = None,
-                 headers: dict | None = None, fields: dict | None = None,
-                 timeout: urllib3.Timeout | None = None):
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict | None = None,
+        headers: dict | None = None,
+        fields: dict | None = None,
+        timeout: urllib3.Timeout | None = None,
+    ):
         all_headers = {"Content-Type": "application/json", **(headers or {})}
         return self._pool.request(
-            method, self._base_url + path,
+            method,
+            self._base_url + path,
             body=json.dumps(body).encode() if body is not None else None,
-            fields=fields, headers=all_headers, timeout=timeout or self._timeout,
+            fields=fields,
+            headers=all_headers,
+            timeout=timeout or self._timeout,
         )
 
     def charge(self, request: ChargeRequest, *, timeout: float | None = None) -> CallResult:
@@ -108,17 +126,21 @@ class HttpGateway:
         limit = urllib3.Timeout(total=min(timeout, self._call_seconds)) if timeout else None
         try:
             response = self._request(
-                "POST", "/v1/charges",
-                body={"amount": request.amount, "currency": request.currency,
-                      "reference": request.reference},
-                headers={"Idempotency-Key": request.idempotency_key}, timeout=limit,
+                "POST",
+                "/v1/charges",
+                body={
+                    "amount": request.amount,
+                    "currency": request.currency,
+                    "reference": request.reference,
+                },
+                headers={"Idempotency-Key": request.idempotency_key},
+                timeout=limit,
             )
         except NOT_SENT as exc:
             return CallResult(Outcome.RETRYABLE_ERROR, error_code=type(exc).__name__)
         except urllib3.exceptions.HTTPError as exc:
             # Sent, then no answer (timeout, dropped connection): never guess.
-            return CallResult(Outcome.AMBIGUOUS, error_code=type(exc).__name__,
-                              in_doubt=True)
+            return CallResult(Outcome.AMBIGUOUS, error_code=type(exc).__name__, in_doubt=True)
         return classify(response)
 
     def _get(self, path: str, **params):
@@ -147,15 +169,19 @@ class HttpGateway:
     def refund(self, charge: Charge) -> Refund:
         key = f"refund:{charge.reference}"
         try:
-            response = self._request("POST", "/v1/refunds", body={"charge": charge.id},
-                                     headers={"Idempotency-Key": key})
+            response = self._request(
+                "POST", "/v1/refunds", body={"charge": charge.id}, headers={"Idempotency-Key": key}
+            )
         except urllib3.exceptions.HTTPError as exc:
             raise GatewayError(f"refund failed: {type(exc).__name__}") from exc
         if response.status not in (200, 201):
             raise GatewayError(f"refund refused: {response.status} {response.data[:200]!r}")
         answer = _json(response) or {}
-        return Refund(id=str(answer.get("id")), amount=answer.get("amount", charge.amount),
-                      idempotency_key=key)
+        return Refund(
+            id=str(answer.get("id")),
+            amount=answer.get("amount", charge.amount),
+            idempotency_key=key,
+        )
 
     def settlement_report(self, day: date) -> list[Charge]:
         text = self._get("/v1/settlement-report", date=day.isoformat()).data.decode()
@@ -167,7 +193,12 @@ def _charge(c: dict) -> Charge:
     if not isinstance(c["amount"], int) or not isinstance(c["currency"], str):
         raise ValueError("amount or currency of the wrong type")
     created = c.get("created_at")
-    return Charge(id=str(c["id"]), reference=str(c["reference"]), amount=c["amount"],
-                  currency=c["currency"], status=str(c["status"]),
-                  idempotency_key=c.get("idempotency_key"),
-                  created_at=datetime.fromisoformat(created).astimezone(UTC) if created else None)
+    return Charge(
+        id=str(c["id"]),
+        reference=str(c["reference"]),
+        amount=c["amount"],
+        currency=c["currency"],
+        status=str(c["status"]),
+        idempotency_key=c.get("idempotency_key"),
+        created_at=datetime.fromisoformat(created).astimezone(UTC) if created else None,
+    )

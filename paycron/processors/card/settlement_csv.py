@@ -14,8 +14,15 @@ from datetime import UTC, datetime
 from paycron.domain.processing import Charge
 from paycron.errors import GatewayError
 
-COLUMNS = ("charge_id", "idempotency_key", "reference", "amount", "currency", "status",
-           "created_at")
+COLUMNS = (
+    "charge_id",
+    "idempotency_key",
+    "reference",
+    "amount",
+    "currency",
+    "status",
+    "created_at",
+)
 
 
 class MalformedReport(GatewayError):
@@ -42,19 +49,25 @@ def parse_report(text: str, *, source: str = "report") -> list[Charge]:
     reader = csv.DictReader(io.StringIO(text))
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
-        raise MalformedReport(f"{source}: not a settlement report "
-                              f"(missing columns: {', '.join(missing)})")
+        raise MalformedReport(
+            f"{source}: not a settlement report (missing columns: {', '.join(missing)})"
+        )
     charges = []
     for row in reader:
         try:
             if any(not row[c] for c in COLUMNS):
                 raise ValueError("empty field")
-            charges.append(Charge(
-                id=row["charge_id"], idempotency_key=row["idempotency_key"],
-                reference=row["reference"], amount=_amount(row["amount"]),
-                currency=row["currency"], status=row["status"],
-                created_at=_created_at(row["created_at"]),
-            ))
+            charges.append(
+                Charge(
+                    id=row["charge_id"],
+                    idempotency_key=row["idempotency_key"],
+                    reference=row["reference"],
+                    amount=_amount(row["amount"]),
+                    currency=row["currency"],
+                    status=row["status"],
+                    created_at=_created_at(row["created_at"]),
+                )
+            )
         except (ValueError, TypeError) as exc:
             raise MalformedReport(f"{source} line {reader.line_num}: {exc}") from exc
     return charges

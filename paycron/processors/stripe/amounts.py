@@ -39,7 +39,8 @@ MAX_AMOUNT = 99_999_999
 #: names São Tomé's dobra by its pre-2018 code STD, which ISO 4217 retired
 #: (the API takes only current ISO codes, so STN is refused as unsupported).
 #: The three-decimal currencies are supported by the Payment Intents API.
-CURRENCIES = frozenset("""
+CURRENCIES = frozenset(
+    """
 AED AFN ALL AMD ANG AOA ARS AUD AWG AZN BAM BBD BDT BGN BHD BIF BMD BND BOB BRL
 BSD BWP BYN BZD CAD CDF CHF CLP CNY COP CRC CVE CZK DJF DKK DOP DZD EGP ETB EUR
 FJD FKP GBP GEL GIP GMD GNF GTQ GYD HKD HNL HTG HUF IDR ILS INR ISK JMD JOD JPY
@@ -47,7 +48,8 @@ KES KGS KHR KMF KRW KWD KYD KZT LAK LBP LKR LRD LSL MAD MDL MGA MKD MMK MNT MOP
 MUR MVR MWK MXN MYR MZN NAD NGN NIO NOK NPR NZD OMR PAB PEN PGK PHP PKR PLN PYG
 QAR RON RSD RUB RWF SAR SBD SCR SEK SGD SHP SLE SOS SRD SZL THB TJS TND TOP TRY
 TTD TWD TZS UAH UGX USD UYU UZS VND VUV WST XAF XCD XCG XOF XPF YER ZAR ZMW
-""".split())
+""".split()
+)
 
 #: Amounts in whole units (500 = 500 JPY).
 ZERO_DECIMAL = frozenset("BIF CLP DJF GNF JPY KMF KRW MGA PYG RWF VND VUV XAF XOF XPF".split())
@@ -58,10 +60,30 @@ THREE_DECIMAL = frozenset({"BHD", "JOD", "KWD", "OMR", "TND"})
 
 #: Stripe's minimum charge per currency, in its minor units.
 MINIMUM_CHARGE = {
-    "USD": 50, "AED": 200, "AUD": 50, "BGN": 100, "BRL": 50, "CAD": 50, "CHF": 50,
-    "CZK": 1500, "DKK": 250, "EUR": 50, "GBP": 30, "HKD": 400, "HUF": 17500, "INR": 50,
-    "JPY": 50, "MXN": 1000, "MYR": 200, "NOK": 300, "NZD": 50, "PLN": 200, "RON": 200,
-    "SEK": 300, "SGD": 50, "THB": 1000,
+    "USD": 50,
+    "AED": 200,
+    "AUD": 50,
+    "BGN": 100,
+    "BRL": 50,
+    "CAD": 50,
+    "CHF": 50,
+    "CZK": 1500,
+    "DKK": 250,
+    "EUR": 50,
+    "GBP": 30,
+    "HKD": 400,
+    "HUF": 17500,
+    "INR": 50,
+    "JPY": 50,
+    "MXN": 1000,
+    "MYR": 200,
+    "NOK": 300,
+    "NZD": 50,
+    "PLN": 200,
+    "RON": 200,
+    "SEK": 300,
+    "SGD": 50,
+    "THB": 1000,
 }
 
 
@@ -77,7 +99,7 @@ def in_units(amount: int, currency: str) -> str:
     places = decimals(currency)
     if places == 0:
         return f"{amount} {currency}"
-    whole, fraction = divmod(amount, 10 ** places)
+    whole, fraction = divmod(amount, 10**places)
     return f"{whole}.{fraction:0{places}d} {currency}"
 
 
@@ -97,12 +119,18 @@ def amount_problem(amount: int, currency: str) -> str | None:
         return f"amount must be at most {MAX_AMOUNT} minor units with the processor (Stripe)"
     minimum = MINIMUM_CHARGE.get(currency)
     if minimum is not None and amount < minimum:
-        return (f"amount must be at least {minimum} in {currency} "
-                f"({in_units(minimum, currency)}, the processor's minimum charge)")
+        return (
+            f"amount must be at least {minimum} in {currency} "
+            f"({in_units(minimum, currency)}, the processor's minimum charge)"
+        )
     if currency in THREE_DECIMAL and amount % 10:
-        return (f"amount in {currency} must end in 0: the processor (Stripe) charges "
-                "three-decimal currencies in steps of 10 minor units")
+        return (
+            f"amount in {currency} must end in 0: the processor (Stripe) charges "
+            "three-decimal currencies in steps of 10 minor units"
+        )
     if currency in WHOLE_UNITS_IN_HUNDREDTHS and amount % 100:
-        return (f"amount in {currency} must be a multiple of 100: the processor (Stripe) "
-                "charges whole units, written with two decimals")
+        return (
+            f"amount in {currency} must be a multiple of 100: the processor (Stripe) "
+            "charges whole units, written with two decimals"
+        )
     return None

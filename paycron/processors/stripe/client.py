@@ -68,8 +68,9 @@ def _intent_id(error: Mapping[str, Any]) -> str | None:
     return intent_id if isinstance(intent_id, str) and intent_id else None
 
 
-def classify_error(status: int | None, error: Mapping[str, Any],
-                   headers: Mapping[str, str] | None = None) -> CallResult:
+def classify_error(
+    status: int | None, error: Mapping[str, Any], headers: Mapping[str, str] | None = None
+) -> CallResult:
     """SPEC §12's answer table for a refused charge: Stripe's HTTP status and
     ``error`` object as an outcome (each row tested through the SDK)."""
     kind, code = error.get("type"), error.get("code")
@@ -78,36 +79,55 @@ def classify_error(status: int | None, error: Mapping[str, Any],
     if status == 402:
         intent = _intent_id(error)
         if code == "authentication_required":
-            return CallResult(Outcome.DECLINED, gateway_ref=intent, error_code=stored,
-                              failure_reason=FailureReason.CUSTOMER_ACTION_REQUIRED)
+            return CallResult(
+                Outcome.DECLINED,
+                gateway_ref=intent,
+                error_code=stored,
+                failure_reason=FailureReason.CUSTOMER_ACTION_REQUIRED,
+            )
         advice = error.get("advice_code")
         retry = advice != "do_not_try_again" and (
-            advice == "try_again_later" or code in RETRYABLE_DECLINES
-            or error.get("decline_code") in RETRYABLE_DECLINES)
-        return CallResult(Outcome.DECLINED, gateway_ref=intent, error_code=stored,
-                          retry_decline=retry and intent is not None)
+            advice == "try_again_later"
+            or code in RETRYABLE_DECLINES
+            or error.get("decline_code") in RETRYABLE_DECLINES
+        )
+        return CallResult(
+            Outcome.DECLINED,
+            gateway_ref=intent,
+            error_code=stored,
+            retry_decline=retry and intent is not None,
+        )
     if status == 429 or (status == 400 and code == "rate_limit"):
-        return CallResult(Outcome.RATE_LIMITED, error_code="rate_limited",
-                          retry_after=retry_after(headers))
+        return CallResult(
+            Outcome.RATE_LIMITED, error_code="rate_limited", retry_after=retry_after(headers)
+        )
     if status == 409 and code == "idempotency_key_in_use":
-        return CallResult(Outcome.KEY_IN_USE, error_code="idempotency_key_in_use",
-                          in_doubt=True)
+        return CallResult(Outcome.KEY_IN_USE, error_code="idempotency_key_in_use", in_doubt=True)
     if status in (400, 404) and kind == "idempotency_error":
         # Our parameters changed under a live key: it may have charged under
         # the first ones (looked up first), never retried under another key.
-        return CallResult(Outcome.REJECTED, error_code="idempotency_error",
-                          failure_reason=FailureReason.GATEWAY_REJECTED)
+        return CallResult(
+            Outcome.REJECTED,
+            error_code="idempotency_error",
+            failure_reason=FailureReason.GATEWAY_REJECTED,
+        )
     if status in (400, 404):
         # Stripe validates before executing: definitively not charged.
-        return CallResult(Outcome.REJECTED, error_code=stored,
-                          failure_reason=FailureReason.INVALID_REQUEST)
+        return CallResult(
+            Outcome.REJECTED, error_code=stored, failure_reason=FailureReason.INVALID_REQUEST
+        )
     if status in (401, 403):
         return CallResult(Outcome.AUTH_FAILED, error_code=f"http_{status}")
     if status is not None and status >= 500:
         # Stripe stores a 500 that happened after execution began and replays
         # it for the key: a replay is resolved by lookup, not by resending.
-        return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}", in_doubt=True,
-                          replayed=replayed, look_up=replayed)
+        return CallResult(
+            Outcome.RETRYABLE_ERROR,
+            error_code=f"http_{status}",
+            in_doubt=True,
+            replayed=replayed,
+            look_up=replayed,
+        )
     # Any other answer (a 409 lock timeout, an unknown status): unknown, in doubt.
     return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}", in_doubt=True)
 
@@ -123,12 +143,16 @@ def classify_intent(intent: Mapping[str, Any]) -> CallResult:
         # Accepted; the outcome comes later (a bank debit): AWAITING_GATEWAY.
         return CallResult(Outcome.SUBMITTED, gateway_ref=intent_id)
     if status == "requires_action":
-        return CallResult(Outcome.DECLINED, gateway_ref=intent_id,
-                          error_code="authentication_required",
-                          failure_reason=FailureReason.CUSTOMER_ACTION_REQUIRED)
+        return CallResult(
+            Outcome.DECLINED,
+            gateway_ref=intent_id,
+            error_code="authentication_required",
+            failure_reason=FailureReason.CUSTOMER_ACTION_REQUIRED,
+        )
     # requires_payment_method etc. in a 200 is no answer we asked for: never guessed.
-    return CallResult(Outcome.AMBIGUOUS, gateway_ref=intent_id,
-                      error_code=error_code_of(status), in_doubt=True)
+    return CallResult(
+        Outcome.AMBIGUOUS, gateway_ref=intent_id, error_code=error_code_of(status), in_doubt=True
+    )
 
 
 def intent_as_charge(intent: Mapping[str, Any]) -> Charge:
@@ -136,15 +160,20 @@ def intent_as_charge(intent: Mapping[str, Any]) -> Charge:
     is the payment id in its metadata, empty when it carries none)."""
     metadata = intent.get("metadata") or {}
     return Charge(
-        id=str(intent.get("id")), reference=str(metadata.get(METADATA_KEY) or ""),
-        amount=intent.get("amount"), currency=str(intent.get("currency", "")).upper(),
+        id=str(intent.get("id")),
+        reference=str(metadata.get(METADATA_KEY) or ""),
+        amount=intent.get("amount"),
+        currency=str(intent.get("currency", "")).upper(),
         status=INTENT_STATUSES.get(intent.get("status"), str(intent.get("status"))),
-        customer=intent.get("customer"), created_at=_created(intent.get("created")))
+        customer=intent.get("customer"),
+        created_at=_created(intent.get("created")),
+    )
 
 
 def _charge_status(charge: Mapping[str, Any]) -> str:
-    if charge.get("status") == "succeeded" and (charge.get("refunded")
-                                                 or charge.get("amount_refunded")):
+    if charge.get("status") == "succeeded" and (
+        charge.get("refunded") or charge.get("amount_refunded")
+    ):
         return REFUNDED
     return CHARGE_STATUSES.get(charge.get("status"), str(charge.get("status")))
 
@@ -164,22 +193,43 @@ class StripeGateway:
 
     name = "stripe"
 
-    def __init__(self, *, api_key: str, api_base: str, api_version: str, timeout: float,
-                 max_connections: int = 64, take_token: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        api_base: str,
+        api_version: str,
+        timeout: float,
+        max_connections: int = 64,
+        take_token: Callable[[], None] | None = None,
+    ):
         self._http = PooledHttpClient(timeout=timeout, max_connections=max_connections)
         self._client = stripe.StripeClient(
-            api_key, base_addresses={"api": api_base}, stripe_version=api_version,
-            max_network_retries=0, http_client=self._http)
+            api_key,
+            base_addresses={"api": api_base},
+            stripe_version=api_version,
+            max_network_retries=0,
+            http_client=self._http,
+        )
         self._take_token = take_token or (lambda: None)
         self._base = api_base
 
     @classmethod
-    def from_config(cls, config: Config, *, max_connections: int = 64,
-                    take_token: Callable[[], None] | None = None) -> StripeGateway:
-        return cls(api_key=config.stripe_api_key, api_base=config.stripe_api_base,
-                   api_version=config.stripe_api_version,
-                   timeout=config.gateway_timeout_seconds, max_connections=max_connections,
-                   take_token=take_token)
+    def from_config(
+        cls,
+        config: Config,
+        *,
+        max_connections: int = 64,
+        take_token: Callable[[], None] | None = None,
+    ) -> StripeGateway:
+        return cls(
+            api_key=config.stripe_api_key,
+            api_base=config.stripe_api_base,
+            api_version=config.stripe_api_version,
+            timeout=config.gateway_timeout_seconds,
+            max_connections=max_connections,
+            take_token=take_token,
+        )
 
     def __repr__(self) -> str:
         return f"StripeGateway({self._base!r})"
@@ -196,16 +246,23 @@ class StripeGateway:
                 if request.confirm:
                     # A retried decline: the same intent (it succeeds at most once).
                     intent = self._client.v1.payment_intents.confirm(
-                        request.confirm, params={"payment_method": request.payment_method,
-                                                 "off_session": True}, options=options)
+                        request.confirm,
+                        params={"payment_method": request.payment_method, "off_session": True},
+                        options=options,
+                    )
                 else:
-                    intent = self._client.v1.payment_intents.create(params={
-                        "amount": request.amount, "currency": request.currency.lower(),
-                        "customer": request.customer,
-                        "payment_method": request.payment_method,
-                        "confirm": True, "off_session": True,
-                        "metadata": {METADATA_KEY: request.reference},
-                    }, options=options)
+                    intent = self._client.v1.payment_intents.create(
+                        params={
+                            "amount": request.amount,
+                            "currency": request.currency.lower(),
+                            "customer": request.customer,
+                            "payment_method": request.payment_method,
+                            "confirm": True,
+                            "off_session": True,
+                            "metadata": {METADATA_KEY: request.reference},
+                        },
+                        options=options,
+                    )
         except NotSent as exc:
             return CallResult(Outcome.RETRYABLE_ERROR, error_code=_cause(exc))
         except stripe.APIConnectionError as exc:
@@ -230,10 +287,14 @@ class StripeGateway:
         try:
             self._take_token()
             self._client.v1.payment_intents.cancel(
-                intent_id, options={"idempotency_key": f"cancel:{intent_id}"})
+                intent_id, options={"idempotency_key": f"cancel:{intent_id}"}
+            )
         except stripe.StripeError as exc:
-            log.error("could not cancel intent %s that needs its customer: %s", intent_id,
-                      type(exc).__name__)
+            log.error(
+                "could not cancel intent %s that needs its customer: %s",
+                intent_id,
+                type(exc).__name__,
+            )
 
     # ---- lookups, refunds, the settlement report
 
@@ -246,8 +307,9 @@ class StripeGateway:
             try:
                 page = list_call(params=params)
             except stripe.StripeError as exc:
-                raise GatewayError(f"Stripe list failed: {type(exc).__name__} "
-                                   f"{exc.http_status}") from exc
+                raise GatewayError(
+                    f"Stripe list failed: {type(exc).__name__} {exc.http_status}"
+                ) from exc
             data = [item.to_dict() for item in page.data]
             yield from data
             if not page.has_more or not data:
@@ -264,8 +326,11 @@ class StripeGateway:
         if request.since is not None:
             params["created"] = {"gte": int(request.since.timestamp())}
         intents = self._pages(self._client.v1.payment_intents.list, params)
-        return [charge for charge in map(intent_as_charge, intents)
-                if charge.reference == request.reference]
+        return [
+            charge
+            for charge in map(intent_as_charge, intents)
+            if charge.reference == request.reference
+        ]
 
     def retrieve(self, charge_id: str) -> Charge:
         """The intent as Stripe holds it now (an event is a hint, never the truth)."""
@@ -273,39 +338,51 @@ class StripeGateway:
         try:
             intent = self._client.v1.payment_intents.retrieve(charge_id)
         except stripe.StripeError as exc:
-            raise GatewayError(f"Stripe retrieve failed: {type(exc).__name__} "
-                               f"{exc.http_status}") from exc
+            raise GatewayError(
+                f"Stripe retrieve failed: {type(exc).__name__} {exc.http_status}"
+            ) from exc
         return intent_as_charge(intent.to_dict())
 
     def refund(self, charge: Charge) -> Refund:
         key = f"refund:{charge.id}"
         self._take_token()
         try:
-            refund = self._client.v1.refunds.create(params={"payment_intent": charge.id},
-                                                    options={"idempotency_key": key})
+            refund = self._client.v1.refunds.create(
+                params={"payment_intent": charge.id}, options={"idempotency_key": key}
+            )
         except stripe.StripeError as exc:
-            raise GatewayError(f"refund refused: {type(exc).__name__} "
-                               f"{exc.http_status}") from exc
+            raise GatewayError(f"refund refused: {type(exc).__name__} {exc.http_status}") from exc
         answer = refund.to_dict()
-        return Refund(id=answer["id"], amount=answer.get("amount", charge.amount),
-                      idempotency_key=key)
+        return Refund(
+            id=answer["id"], amount=answer.get("amount", charge.amount), idempotency_key=key
+        )
 
     def settlement_report(self, day: date) -> list[Charge]:
         """The day's charges, every page, every status (succeeded ones are
         money moved; the reconciliation decides the rest)."""
         start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-        params = {"created": {"gte": int(start.timestamp()),
-                              "lt": int((start + timedelta(days=1)).timestamp())}}
+        params = {
+            "created": {
+                "gte": int(start.timestamp()),
+                "lt": int((start + timedelta(days=1)).timestamp()),
+            }
+        }
         charges = []
         for charge in self._pages(self._client.v1.charges.list, params):
             reference = (charge.get("metadata") or {}).get(METADATA_KEY) or ""
-            charges.append(Charge(
-                id=charge["id"], reference=reference, amount=charge.get("amount"),
-                currency=str(charge.get("currency", "")).upper(),
-                status=_charge_status(charge), customer=charge.get("customer"),
-                # matched by payment id across key generations, not by key
-                idempotency_key=reference or charge["id"],
-                created_at=_created(charge.get("created"))))
+            charges.append(
+                Charge(
+                    id=charge["id"],
+                    reference=reference,
+                    amount=charge.get("amount"),
+                    currency=str(charge.get("currency", "")).upper(),
+                    status=_charge_status(charge),
+                    customer=charge.get("customer"),
+                    # matched by payment id across key generations, not by key
+                    idempotency_key=reference or charge["id"],
+                    created_at=_created(charge.get("created")),
+                )
+            )
         return charges
 
 

@@ -33,8 +33,9 @@ class PooledHttpClient(stripe.HTTPClient):
         super().__init__()
         self._seconds = timeout
         self._local = threading.local()
-        self._pool = urllib3.PoolManager(num_pools=4, maxsize=max_connections, block=False,
-                                         retries=False)
+        self._pool = urllib3.PoolManager(
+            num_pools=4, maxsize=max_connections, block=False, retries=False
+        )
 
     @contextlib.contextmanager
     def timeout(self, seconds: float | None) -> Iterator[None]:
@@ -46,19 +47,24 @@ class PooledHttpClient(stripe.HTTPClient):
         finally:
             self._local.seconds = None
 
-    def request(self, method: str, url: str, headers: Mapping[str, str] | None,
-                post_data=None) -> tuple[bytes, int, Mapping[str, str]]:
+    def request(
+        self, method: str, url: str, headers: Mapping[str, str] | None, post_data=None
+    ) -> tuple[bytes, int, Mapping[str, str]]:
         seconds = getattr(self._local, "seconds", None) or self._seconds
         try:
             response = self._pool.request(
-                method.upper(), url, body=post_data, headers=dict(headers or {}),
-                timeout=urllib3.Timeout(total=seconds), redirect=False)
+                method.upper(),
+                url,
+                body=post_data,
+                headers=dict(headers or {}),
+                timeout=urllib3.Timeout(total=seconds),
+                redirect=False,
+            )
         except NOT_SENT as exc:
             raise NotSent(f"could not connect to Stripe: {type(exc).__name__}") from exc
         except urllib3.exceptions.HTTPError as exc:
             # Sent, then no (whole) answer: the outcome is unknown.
-            raise stripe.APIConnectionError(
-                f"no answer from Stripe: {type(exc).__name__}") from exc
+            raise stripe.APIConnectionError(f"no answer from Stripe: {type(exc).__name__}") from exc
         return response.data, response.status, response.headers
 
     def request_stream(self, method, url, headers, post_data=None):
