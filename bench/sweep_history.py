@@ -173,7 +173,8 @@ def main() -> None:
         counts = {
             name: conn.execute(
                 "SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, "
-                "count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')) AS terminal "
+                "count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED'))"
+                " AS terminal "
                 "FROM payments"
             ).fetchone()
             for name, conn in conns.items()

@@ -42,12 +42,11 @@ def test_25_intents_page_newest_first_in_pages_of_ten(
 
 def test_created_filters_and_limits(sdk_client: stripe.StripeClient) -> None:
     intent = charge(sdk_client, customer="cus_when")
-    listed = lambda **created: [
-        i.id
-        for i in sdk_client.v1.payment_intents.list(  # noqa: E731
-            params={"customer": "cus_when", "created": created}
-        ).data
-    ]
+
+    def listed(**created):
+        params = {"customer": "cus_when", "created": created}
+        return [i.id for i in sdk_client.v1.payment_intents.list(params=params).data]
+
     assert listed(gte=intent.created - 3600) == [intent.id]
     assert listed(gte=intent.created + 1) == []
     assert listed(lt=intent.created) == []
