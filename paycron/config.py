@@ -268,5 +268,6 @@ class Config:
             try:
                 values[f.name] = parse(raw)
             except (TypeError, ValueError, ConfigError) as exc:
-                raise ConfigError(f"{f.name.upper()}={raw!r}: {exc}") from None
+                shown = "(secret)" if not f.repr else repr(raw)
+                raise ConfigError(f"{f.name.upper()}={shown}: {exc}") from None
         return cls(**values)

@@ -11,7 +11,16 @@ class PaycronError(Exception):
 
 
 class ConfigError(PaycronError):
+    """A setting is missing or wrong; the message names it, on one line."""
+
     code = "CONFIG_INVALID"
+
+
+class Unreachable(ConfigError):
+    """A server a setting names (``DATABASE_URL``, ``REDIS_URL``) did not
+    answer; the message names the setting and the host, never a password."""
+
+    code = "UNREACHABLE"
 
 
 class ValidationFailed(PaycronError):

@@ -25,8 +25,10 @@ from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter, ClaimPacer
 from paycron.observability.metrics import serve_metrics
 from paycron.observability.sentry import configure_logging, init_sentry
+from paycron.observability.startup import one_line_errors, preflight, schema_pending
 from paycron.processors.factory import build_gateway
 from paycron.store.db import make_pool, make_redis
+from paycron.store.migrate import wait_until_current
 from scheduler.gateway_events import GatewayEventService
 from scheduler.partition_keeper import PartitionKeeper
 from scheduler.reaper import Reaper
@@ -102,12 +104,19 @@ def build(config: Config) -> Scheduler:
 
 def main() -> None:
     configure_logging()
-    config = Config.from_env()
-    serve_metrics(config.metrics_port, component="scheduler")
-    scheduler = build(config)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # A wrong setting or a server that does not answer: one line, exit 2.
+    with one_line_errors("scheduler"):
+        config = Config.from_env()
+        preflight(config)
+        # Migrations pending (the release step has not run): wait for them,
+        # saying so once per interval, rather than fail every sweep.
+        if not wait_until_current(lambda: schema_pending(config), stop, log=log):
+            return
+        scheduler = build(config)
+    serve_metrics(config.metrics_port, component="scheduler")
     log.info(
         "scheduler started: rate=%s/s batch=%s lease=%ss group=%s",
         config.gateway_rate_limit,

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from paycron.engine.execution import Executor
+from paycron.observability.outages import FailureLog
 from paycron.store.transitions import Claim
 
 log = logging.getLogger("paycron.inflight")
@@ -88,6 +89,9 @@ class Dispatcher:
         self.executor = executor
         self.limit = limit
         self._groups = groups
+        # An outage fails every group: one line per kind per minute, counted.
+        self._failures = FailureLog("executing a group of claims", log)
+        self._failures_lock = threading.Lock()
 
     def submit(self, claims: Sequence[Claim], *, probe: bool = False) -> None:
         """Admit a group (blocking while the process is full: back pressure
@@ -102,7 +106,11 @@ class Dispatcher:
     def _run(self, claims: Sequence[Claim], probe: bool) -> None:
         try:
             self.executor.execute(claims, probe=probe)
-        except Exception:  # the rows stay leased; the reaper returns them
-            log.exception("executing a group of %d claims failed", len(claims))
+        except Exception as exc:  # the rows stay leased; the reaper returns them
+            with self._failures_lock:
+                self._failures.failed(exc)
+        else:
+            with self._failures_lock:
+                self._failures.succeeded()
         finally:
             self.limit.release(len(claims))

@@ -19,6 +19,7 @@ import heapq
 import itertools
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
-from paycron.errors import ConfigError, OutcomeUnknown
+from paycron.errors import ConfigError, OutcomeUnknown, Unreachable
 
 log = logging.getLogger("paycron.db")
 
@@ -168,9 +169,50 @@ def _reconnect_again(pool: ConnectionPool) -> None:
 
 
 def connect(config: Config) -> Connection:
-    """One standalone connection (CLI commands, migrations)."""
+    """One standalone connection (CLI commands, migrations). A server that
+    does not answer, or a ``DATABASE_URL`` libpq cannot read, raises
+    :class:`Unreachable` naming the setting."""
     url = require_database_url(config)
-    return Connection.connect(url, **connection_kwargs(database_url=url))
+    try:
+        return Connection.connect(url, **connection_kwargs(database_url=url))
+    except psycopg.Error as exc:
+        raise Unreachable(f"DATABASE_URL ({where(url)}): {first_line(exc)}") from None
+
+
+def where(url: str) -> str:
+    """``url``'s hosts, ports and database, never its user or password."""
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.Error:
+        return "unreadable"
+    host = parts.get("host") or "local socket"
+    port = f":{parts['port']}" if parts.get("port") else ""
+    return f"{host}{port}/{parts.get('dbname', '')}"
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line, without the password a DSN error may quote."""
+    text = str(exc).strip().split("\n", 1)[0] or type(exc).__name__
+    return re.sub(r"(password=|://[^:/@]*:)[^@\s]*", r"\1***", text)
+
+
+def ping_database(config: Config) -> None:
+    """One round trip to ``DATABASE_URL``'s server, or :class:`Unreachable`."""
+    with connect(config) as conn:
+        conn.execute("SELECT 1")
+
+
+def ping_redis(config: Config) -> None:
+    """One PING to ``REDIS_URL``'s server, or :class:`Unreachable` naming it."""
+    client = make_redis(config, timeout=3)
+    try:
+        client.ping()
+    except (redis.RedisError, ValueError) as exc:
+        host = client.connection_pool.connection_kwargs.get("host", "unix socket")
+        port = client.connection_pool.connection_kwargs.get("port", "")
+        raise Unreachable(f"REDIS_URL ({host}:{port}): {first_line(exc)}") from None
+    finally:
+        client.close()
 
 
 # -- a bounded wait for the synchronous standby ------------------------------------
@@ -298,6 +340,9 @@ def make_redis(config: Config, *, timeout: float | None = None) -> redis.Redis:
     bounds each command (the web's probes must not hang a request)."""
     if not config.redis_url:
         raise ConfigError("REDIS_URL is not set")
-    return redis.Redis.from_url(
-        config.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
-    )
+    try:
+        return redis.Redis.from_url(
+            config.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+    except ValueError as exc:  # not a redis:// URL
+        raise ConfigError(f"REDIS_URL: {exc}") from None

@@ -17,6 +17,10 @@ SELECT pg_advisory_unlock(%(key)s);
 -- Names of the migrations already applied.
 SELECT name FROM schema_migrations ORDER BY name;
 
+-- name: migrations_table_exists
+-- Whether the ledger of applied migrations exists (a database never migrated has none).
+SELECT to_regclass('schema_migrations') IS NOT NULL AS present;
+
 -- name: record_migration
 -- Record one applied migration.
 INSERT INTO schema_migrations (name) VALUES (%(name)s);
