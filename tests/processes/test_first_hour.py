@@ -108,8 +108,10 @@ def test_the_first_hour_from_a_fresh_clone(clone, redis_url, tmp_path):
         assert '"type":"payment.completed"' in out
         hooks = [line for line in out.splitlines() if "signature ok" in line]
         assert len(hooks) == 5 and "BAD SIGNATURE" not in out
-        print(f"./dev up ready after {ready_after:.1f} s; the walk took "
-              f"{time.monotonic() - started - ready_after:.1f} s")
+        print(
+            f"./dev up ready after {ready_after:.1f} s; the walk took "
+            f"{time.monotonic() - started - ready_after:.1f} s"
+        )
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGINT)  # Ctrl-C, as a person stops it

@@ -7,6 +7,7 @@
 -- plan_cache_mode = force_custom_plan, see paycron/store/db.py).
 
 -- name: cancel
+-- transition: PENDING -> CANCELLED
 -- PENDING -> CANCELLED, only while no earlier call may have charged.
 WITH cancelled AS (
     UPDATE payments SET status = 'CANCELLED', updated_at = now()
@@ -79,6 +80,7 @@ WHERE p.status = 'PROCESSING' AND p.due_at <= %(now)s
                   WHERE a.payment_id = p.id AND a.attempt = p.attempt);
 
 -- name: claim_locked
+-- transition: PENDING -> PROCESSING
 -- The claim, step 2: PENDING -> PROCESSING for the rows step 1 locked,
 -- stamping a lease and attempt + 1, with their events. A separate statement
 -- naming the rows (not an UPDATE joined to the locking subquery) because,
@@ -140,6 +142,7 @@ WITH claim AS (
 SELECT f.*, s.started_at FROM fenced f JOIN started s ON s.payment_id = f.id;
 
 -- name: finish_attempts
+-- transition: PROCESSING -> PENDING, AWAITING_GATEWAY, COMPLETED, FAILED
 -- Each call's outcome on its own attempt row (also after the reaper marked
 -- it LEASE_EXPIRED: the real outcome wins), then the payment's CAS fenced on
 -- the attempt (a zombie changes no status), an event per outcome, and a
@@ -223,6 +226,7 @@ LEFT JOIN finished f ON f.payment_id = o.id
 LEFT JOIN moved m ON m.id = o.id;
 
 -- name: release_claims
+-- transition: PROCESSING -> PENDING
 -- The breaker is open: give held claims back without a call and without
 -- using budget. run_at is kept, so the backlog drains oldest-first later.
 WITH claim AS (
@@ -259,6 +263,7 @@ LIMIT %(limit)s
 FOR UPDATE OF p SKIP LOCKED;
 
 -- name: reap_locked
+-- transition: PROCESSING -> PENDING, FAILED
 -- The reap, step 2: each locked row to the state the policy decided
 -- (PENDING, or FAILED LEASE_EXPIRED_REPEATEDLY), guarded again on status +
 -- lease + attempt so a row that completed is never overwritten (River
@@ -310,6 +315,7 @@ WITH decided AS (
 SELECT id, status, in_doubt FROM reaped;
 
 -- name: complete_from_gateway
+-- transition: FAILED, PENDING -> COMPLETED
 -- FAILED or PENDING -> COMPLETED because the gateway holds a charge for the
 -- payment (a lookup by reference, or the settlement report): attempt + 1 for
 -- the audit row that records how we learned it, an event, and the open dead
@@ -343,6 +349,7 @@ WITH completed AS (
 SELECT id, attempt FROM completed;
 
 -- name: redrive
+-- transition: FAILED -> PENDING
 -- A parked payment back to PENDING with a fresh budget and the next key
 -- generation (the processor may replay a stored answer for the old key),
 -- after a lookup found nothing conclusively (paycron.engine.dead_letters). Only
@@ -372,6 +379,7 @@ WITH redriven AS (
 SELECT id FROM redriven;
 
 -- name: await_from_lookup
+-- transition: FAILED, PENDING -> AWAITING_GATEWAY
 -- FAILED or PENDING -> AWAITING_GATEWAY because a lookup found the processor
 -- still processing a payment for it (a re-drive, SPEC §3): attempt + 1 for
 -- the audit row of the lookup, an event, the open dead letter resolved.
@@ -407,6 +415,7 @@ WITH waiting AS (
 SELECT id, attempt FROM waiting;
 
 -- name: settle_awaiting
+-- transition: AWAITING_GATEWAY -> COMPLETED, FAILED
 -- AWAITING_GATEWAY -> COMPLETED or FAILED (DECLINED) from the processor's
 -- truth (its payment retrieved after a signed event, or by the poller),
 -- fenced on the processor-side payment the row waits for: an event about
