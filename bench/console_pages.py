@@ -1,4 +1,4 @@
-"""The operator console's pages stay fast with millions of rows (SPEC §16).
+"""The operator console's pages stay fast with millions of rows (docs/operations.md).
 
     python -m bench.console_pages                      # 1,000,000 payments
     python -m bench.console_pages --payments 200000 --requests 20

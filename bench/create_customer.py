@@ -1,4 +1,4 @@
-"""What binding customers to payers costs a create (SPEC §12): a create
+"""What binding customers to payers costs a create (docs/design.md): a create
 naming a customer its payer already uses is the one statement a create
 without one is; only the first create naming a customer binds it, in a
 transaction of its own.

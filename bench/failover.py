@@ -69,7 +69,7 @@ ENGINE = {
     "MAX_LEASE_EXPIRIES": "5",
     "HORIZON_DAYS": "7",
 }
-#: The SPEC's bound on the pause of claims and creates, from the kill.
+#: Our bound on the pause of claims and creates, from the kill.
 PAUSE_TARGET = 15.0
 
 

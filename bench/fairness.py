@@ -1,4 +1,4 @@
-"""Fair claiming across payers (SPEC §14, issue 13): small payers beside one
+"""Fair claiming across payers (docs/design.md, issue 13): small payers beside one
 payer's big backlog, everything due in the same second.
 
     python -m bench.fairness                 # both cases of the issue

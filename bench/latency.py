@@ -1,4 +1,4 @@
-"""Spikes at a real processor's latency (issue 10, SPEC §13).
+"""Spikes at a real processor's latency (issue 10, docs/design.md).
 
 N payments due in the same second; the fake gateway answers after a
 lognormal latency around the given median (p99 = 2 x median) and refuses

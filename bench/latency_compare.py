@@ -1,5 +1,5 @@
 """The uncapped rate at a real processor's latency: paycron beside pgqueuer
-used asynchronously, same gateway settings, same run (issue 10, SPEC §13).
+used asynchronously, same gateway settings, same run (issue 10, docs/design.md).
 
 N payments due now; the fake gateway answers after a lognormal latency
 around the median (bench.latency's shape: p99 twice the median) with no

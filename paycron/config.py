@@ -55,7 +55,7 @@ def setting(default, parse: Callable[[str], object], *, secret: bool = False):
 #: The processors an engine can be configured to charge through.
 PROCESSORS = ("fake", "stripe")
 #: The Stripe API version the adapter pins (the SDK's own; an upgrade only
-#: while no payment is in doubt: SPEC §12).
+#: while no payment is in doubt: docs/design.md).
 STRIPE_API_VERSION = "2026-10-28.endive"
 
 
@@ -253,7 +253,7 @@ class Config:
 
     @property
     def in_flight_bound_seconds(self) -> float:
-        """From a claim to the last moment its call can land (SPEC §3): the
+        """From a claim to the last moment its call can land (docs/design.md): the
         lease, then the call's timeout, then the processor's own processing."""
         return (
             self.lease_seconds + self.gateway_timeout_seconds + self.gateway_settle_margin_seconds

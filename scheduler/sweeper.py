@@ -5,7 +5,7 @@ LOCKED`` hands each a disjoint batch. The sweep drains while batches claim
 anything, paced by one token bucket in Redis shared by every scheduler, and
 keeps only CLAIM_AHEAD_SECONDS of the ceiling queued beyond what is in
 flight: a deeper queue is a FIFO again, and a payer that falls due later
-would wait behind it (SPEC §14). When the queue is full it looks again
+would wait behind it (docs/design.md). When the queue is full it looks again
 shortly rather than after a whole interval. While the circuit breaker is
 open it claims nothing; half-open, the one sweeper that wins the probe token
 claims the single oldest due row.

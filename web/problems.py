@@ -44,7 +44,7 @@ _STATUS_BY_ERROR: list[tuple[type[PaycronError], int]] = [
     (LimitReached, 409),
     (RateLimited, 429),
     (GatewayError, 502),
-    # A create that may or may not have committed (SPEC §15): retry it with
+    # A create that may or may not have committed (docs/operations.md): retry it with
     # the same Idempotency-Key, which returns the payment or creates it once.
     (OutcomeUnknown, 503),
 ]

@@ -258,7 +258,7 @@ class Executor:
         return Finished(row, result, decision)
 
     def _key_may_be_forgotten(self, row: dict) -> bool:
-        """SPEC §12's key retention: a payment in doubt whose oldest unresolved
+        """Key retention (docs/design.md): a payment in doubt whose oldest unresolved
         call is so old that the processor may forget its key before this call
         lands must be looked up, not called (a forgotten key charges again)."""
         since = row.get("in_doubt_since")

@@ -13,7 +13,7 @@ less is what made a spike drain 10x slower than the ceiling allowed.
 
 A group in the background is not acknowledged work: if the process dies,
 its rows stay PROCESSING under a lease and the reaper returns them, as for
-any crash (Dramatiq redelivery is never relied on, SPEC §10).
+any crash (Dramatiq redelivery is never relied on, docs/design.md).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ libpq tries them in order and, with ``target_session_attrs=read-write`` (the
 default here), keeps only the one that accepts writes, so a pool's new
 connections find whichever server is primary after a failover. Each pool
 checks a connection before handing it out, so the ones that died with the old
-primary are replaced, not given to a request (SPEC §15).
+primary are replaced, not given to a request (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def connection_kwargs(
     role's default. A statement timeout never covers a commit's wait for the
     synchronous standby (Postgres disables it before committing: measured,
     tests/store/test_failover.py), so the web bounds that wait itself
-    (:func:`bounded_write`); the sweeper and workers never cut it (SPEC §15:
+    (:func:`bounded_write`); the sweeper and workers never cut it (docs/operations.md:
     a cancelled wait does not undo the commit).
 
     ``database_url``: the DSN these kwargs go with; the keys of

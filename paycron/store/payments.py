@@ -94,7 +94,7 @@ def create_payment(
     for it and then answer as replays of it (or 409 if their body differs).
 
     A payment naming a customer needs the customer bound to ``actor`` at
-    ``processor`` (SPEC §12): the first create naming it binds it, in the
+    ``processor`` (docs/design.md): the first create naming it binds it, in the
     same transaction as the payment; a customer another actor bound first is
     :class:`CustomerNotYours`, and nothing is created. A create naming a
     customer already bound to it costs no more than one without.

@@ -102,7 +102,7 @@ def test_redrive_without_a_charge_gets_a_fresh_budget_and_the_next_key(cli, conn
 
 
 def test_redrive_refused_while_a_call_may_still_land(cli, conn, gateway):
-    # SPEC §3: "none" is conclusive only past the in-flight bound; before it a
+    # docs/design.md: "none" is conclusive only past the in-flight bound; before it a
     # zombie's call could still charge, so nothing changes and the operator
     # is told when to come back.
     bound = datetime.now(UTC) + timedelta(minutes=10)

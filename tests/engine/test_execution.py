@@ -95,7 +95,7 @@ def test_six_retryable_failures_park_with_the_full_history(engine, conn, gateway
     # A 5xx put it in doubt, so the gateway was asked by reference before
     # parking: once, after the sixth call, and it found nothing.
     assert [c.looked_up for c in rounds] == [0, 0, 0, 0, 0, 1]
-    # Parked in doubt (SPEC §3): the lookup's "none" is not conclusive while
+    # Parked in doubt (docs/design.md): the lookup's "none" is not conclusive while
     # its last call may still land, so inDoubt is kept and its event says the
     # outcome is unknown (a client must not re-create it as if it failed).
     assert done["calls_land_by"] > datetime.now(UTC)

@@ -1,5 +1,5 @@
-"""Each process reports to Sentry under its own name (SPEC §8; issue 9), and
-none of them sends a payer, payee, customer or payment method (SPEC §14).
+"""Each process reports to Sentry under its own name (docs/operations.md; issue 9), and
+none of them sends a payer, payee, customer or payment method (docs/design.md).
 
 Every process is started as the Procfile starts it, with ``SENTRY_DSN``
 pointing at a local receiver of Sentry envelopes, and made to fail; the
@@ -193,7 +193,7 @@ def test_the_cli_reports_as_cli(config, receiver, tmp_path):
     assert (component, server) == ("cli", "cli")
 
 
-# -- No payment's data in what a process sends or prints (SPEC §14) ------------
+# -- No payment's data in what a process sends or prints (docs/design.md) ------------
 
 # Made at run time, so no source line Sentry sends can hold them.
 PAYER = f"payer-{uuid.uuid4().hex}"

@@ -1,4 +1,4 @@
-"""The operator console at ``/console/`` (SPEC §16): server-rendered pages
+"""The operator console at ``/console/`` (docs/operations.md): server-rendered pages
 (Jinja) over the engine's own reads and the dead-letter tools.
 
 Served by the web process only when ``CONSOLE_SECRET_KEY`` is set. Every

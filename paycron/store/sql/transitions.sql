@@ -23,7 +23,7 @@ SELECT id FROM cancelled;
 -- name: lock_due_fairly
 -- The claim, step 1 (one transaction with claim_locked): lock up to
 -- %(limit)s due PENDING rows, shared across payers round-robin and oldest
--- first within each payer (SPEC §14): each payer with due work gets an equal
+-- first within each payer (docs/design.md): each payer with due work gets an equal
 -- share of the batch, and the rows come back as every payer's oldest, then
 -- every payer's second, ... A FIFO over run_at let one payer's backlog of
 -- 1,500 hold another payer's 15 back by 15 s at 100/s. A payer with less
@@ -38,7 +38,7 @@ SELECT id FROM cancelled;
 -- prunes only at run time, after locking and planning all ~375 partitions
 -- (1,878 locks per claim instead of 13, measured on PostgreSQL 15).
 -- A payment first called at another processor than %(processor)s is never
--- claimed (SPEC §3: one processor per payment): it waits for an operator.
+-- claimed (docs/design.md: one processor per payment): it waits for an operator.
 WITH RECURSIVE payers(payer) AS (
     (SELECT payer FROM payments
      WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s
@@ -71,7 +71,7 @@ SELECT id, due_at FROM turns ORDER BY turn, run_at, id LIMIT %(limit)s;
 -- name: count_queued
 -- Claims waiting for their call (PROCESSING, no attempt row yet): the sweep
 -- keeps only about two seconds of the ceiling queued beyond what is in
--- flight, so a later payer's claim is never behind a long FIFO (SPEC §14).
+-- flight, so a later payer's claim is never behind a long FIFO (docs/design.md).
 -- The reaper's partial index finds PROCESSING rows; future partitions are
 -- pruned at plan time as in lock_due_fairly.
 SELECT count(*) AS n FROM payments p
@@ -167,7 +167,7 @@ WITH outcome AS (
 ), moved AS (
     -- in_doubt_since: when the oldest unresolved call was made (the key
     -- retention rule), kept while in doubt, cleared with the doubt.
-    -- calls_land_by, the in-flight bound (SPEC §3): a call that may still
+    -- calls_land_by, the in-flight bound (docs/design.md): a call that may still
     -- land (sent, no definitive answer, not a replay) can land until its
     -- lease end + call timeout + the processor's settle margin.
     UPDATE payments p
@@ -381,7 +381,7 @@ SELECT id FROM redriven;
 -- name: await_from_lookup
 -- transition: FAILED, PENDING -> AWAITING_GATEWAY
 -- FAILED or PENDING -> AWAITING_GATEWAY because a lookup found the processor
--- still processing a payment for it (a re-drive, SPEC §3): attempt + 1 for
+-- still processing a payment for it (a re-drive, docs/design.md): attempt + 1 for
 -- the audit row of the lookup, an event, the open dead letter resolved.
 WITH waiting AS (
     UPDATE payments
