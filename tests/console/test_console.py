@@ -504,3 +504,22 @@ def test_an_unknown_action_or_letter_is_a_404(signed_in, conn):
     assert signed_in.get(f"/console/dead-letters/{row['id']}/launch").status_code == 404
     other = insert_payment(conn)
     assert signed_in.get(f"/console/dead-letters/{other['id']}/dismiss").status_code == 404
+
+
+# -- money as people read it ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("amount", "currency", "shown"),
+    [(50003, "USD", "500.03 USD"), (500, "JPY", "500 JPY"), (5120, "BHD", "5.120 BHD")],
+)
+def test_amounts_are_major_units_with_the_minor_units_on_hover(
+    signed_in, conn, amount, currency, shown
+):
+    row = park(conn, amount_minor=amount, currency=currency)
+    title = f'title="{amount} minor units"'
+    for url in (f"/console/payments/{row['id']}", "/console/dead-letters"):
+        html = signed_in.get(url).get_data(as_text=True)
+        assert f'<span class="money" {title}>{shown}</span>' in html, url
+        if shown != f"{amount} {currency}":  # never the minor units as if major
+            assert f">{amount} {currency}<" not in html
