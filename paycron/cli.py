@@ -23,7 +23,7 @@ from paycron.engine import dead_letters
 from paycron.errors import ConfigError, PaycronError
 from paycron.limits.pacing import CallLimiter
 from paycron.observability.sentry import init_sentry
-from paycron.observability.startup import EXIT_CONFIG
+from paycron.observability.startup import EXIT_CONFIG, report
 from paycron.processors.factory import build_gateway
 from paycron.store import apikeys, partitions
 from paycron.store.db import connect, first_line, make_redis
@@ -47,14 +47,12 @@ class PaycronCLI(click.Group):
         try:
             return super().invoke(ctx)
         except ConfigError as exc:
-            click.echo(f"paycron: {exc}", err=True)
-            ctx.exit(EXIT_CONFIG)
+            report(f"paycron: {exc}")
         except psycopg.OperationalError as exc:  # the server went away mid-command
-            click.echo(f"paycron: DATABASE_URL: {first_line(exc)}", err=True)
-            ctx.exit(EXIT_CONFIG)
+            report(f"paycron: DATABASE_URL: {first_line(exc)}")
         except redis.ConnectionError as exc:
-            click.echo(f"paycron: REDIS_URL: {first_line(exc)}", err=True)
-            ctx.exit(EXIT_CONFIG)
+            report(f"paycron: REDIS_URL: {first_line(exc)}")
+        ctx.exit(EXIT_CONFIG)
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self._plugins()))

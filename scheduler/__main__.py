@@ -110,6 +110,7 @@ def main() -> None:
     # A wrong setting or a server that does not answer: one line, exit 2.
     with one_line_errors("scheduler"):
         config = Config.from_env()
+        init_sentry(config, component="scheduler")
         preflight(config)
         # Migrations pending (the release step has not run): wait for them,
         # saying so once per interval, rather than fail every sweep.

@@ -177,8 +177,8 @@ class WebhookRelay(PeriodicService):
         if stop is not None:
             self._stopping = stop
         running: set[Future] = set()
-        claim_failures = FailureLog("webhook relay claim", log)
-        delivery_failures = FailureLog("webhook delivery", log)
+        claim_failures = FailureLog("webhook relay claim")
+        delivery_failures = FailureLog("webhook delivery")
         while not self._stopping.is_set():
             finished = {f for f in running if f.done()}
             running -= finished

@@ -34,7 +34,7 @@ class PeriodicService:
         """Until ``stop`` is set: run once, then wait the interval. A failed
         run is retried after a pause; an outage is logged as one line per
         failure kind per minute, with a count (paycron.observability.outages)."""
-        failures = FailureLog(self.name, log)
+        failures = FailureLog(self.name)
         while not stop.is_set():
             try:
                 counts = self.run_once()

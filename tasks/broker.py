@@ -36,9 +36,9 @@ def _wait_for_schema(config: Config) -> None:
 # A wrong setting or a server that does not answer: one line, exit 2.
 with one_line_errors("worker"):
     config = Config.from_env()
+    init_sentry(config, component="worker")
     preflight(config)
     _wait_for_schema(config)
-init_sentry(config, component="worker")
 
 broker = RedisBroker(url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq")
 dramatiq.set_broker(broker)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from paycron.config import Config
+from paycron.observability.sentry import init_sentry
 from paycron.observability.startup import one_line_errors, preflight, schema_pending
 from paycron.store.migrate import describe_pending
 
@@ -19,6 +20,7 @@ from paycron.store.migrate import describe_pending
 def on_starting(server) -> None:
     with one_line_errors("web"):
         config = Config.from_env()
+        init_sentry(config, component="web")
         preflight(config)
         pending = schema_pending(config)
     if pending:

@@ -90,7 +90,7 @@ class Dispatcher:
         self.limit = limit
         self._groups = groups
         # An outage fails every group: one line per kind per minute, counted.
-        self._failures = FailureLog("executing a group of claims", log)
+        self._failures = FailureLog("executing a group of claims")
         self._failures_lock = threading.Lock()
 
     def submit(self, claims: Sequence[Claim], *, probe: bool = False) -> None:

@@ -14,10 +14,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import sentry_sdk
+from sentry_sdk.integrations.logging import ignore_logger
+
 from paycron.observability.sentry import redact_postgres_message
 
 #: How often a continuing failure of one kind is logged again (with its count).
 OUTAGE_LOG_SECONDS = 60.0
+
+#: The one-line reports. Sentry gets the exception itself instead (with its
+#: stack, scrubbed like every event), once per line, not this line as well.
+OUTAGE_LOG = logging.getLogger("paycron.outages")
+ignore_logger(OUTAGE_LOG.name)
 
 
 def describe(exc: BaseException) -> str:
@@ -44,7 +52,7 @@ class FailureLog:
     def __init__(
         self,
         what: str,
-        log: logging.Logger,
+        log: logging.Logger = OUTAGE_LOG,
         *,
         interval: float = OUTAGE_LOG_SECONDS,
         clock: Callable[[], float] = time.monotonic,
@@ -63,6 +71,7 @@ class FailureLog:
             self._kinds[kind] = _Kind(since=now, count=0, line=line)
             self.log.error("%s failed: %s", self.what, line)
             self.log.debug("%s failed", self.what, exc_info=exc)
+            sentry_sdk.capture_exception(exc)
             return
         seen.count += 1
         seen.line = line
@@ -74,6 +83,7 @@ class FailureLog:
                 seen.count,
                 now - seen.since,
             )
+            sentry_sdk.capture_exception(exc)
             seen.since, seen.count = now, 0
 
     def succeeded(self) -> None:

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import sentry_sdk
+
 from paycron.config import Config
 from paycron.errors import ConfigError
 from paycron.store.db import connect, ping_database, ping_redis
@@ -18,8 +20,18 @@ from paycron.store.migrate import pending_migrations
 EXIT_CONFIG = 2
 
 
+def report(line: str) -> None:
+    """Print ``line`` on stderr and, when Sentry is on (the setting at fault
+    may be another), send it there too: a process that cannot start is
+    worth knowing about, and it never reaches a log collector."""
+    print(line, file=sys.stderr, flush=True)
+    if sentry_sdk.get_client().is_active():
+        sentry_sdk.capture_message(line, level="error")
+        sentry_sdk.flush(timeout=2)
+
+
 def say_and_exit(component: str, exc: ConfigError) -> None:
-    print(f"paycron {component}: {exc}", file=sys.stderr, flush=True)
+    report(f"paycron {component}: {exc}")
     raise SystemExit(EXIT_CONFIG)
 
 

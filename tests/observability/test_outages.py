@@ -59,7 +59,7 @@ class Failing(PeriodicService):
 
 def test_a_service_failing_every_run_logs_one_line_not_tracebacks(caplog):
     stop = threading.Event()
-    with caplog.at_level(logging.INFO, logger="paycron"):
+    with caplog.at_level(logging.INFO, logger="paycron.outages"):
         Failing(stop, runs=50).run(stop)
     shown = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert [r.getMessage() for r in shown] == [
