@@ -210,7 +210,9 @@ def dlq_list(as_json: bool, limit: int) -> None:
     with connect(_config()) as conn:
         rows = dead_letters.list_open(conn, limit=limit)
     if as_json:
-        click.echo(json.dumps(_jsonable(rows), indent=2))
+        click.echo(
+            json.dumps(_as_the_api_says({"data": rows}, "DeadLetterPageSchema")["data"], indent=2)
+        )
         return
     for row in rows:
         click.echo(
@@ -228,7 +230,16 @@ def dlq_show(payment_id: str) -> None:
             found = dead_letters.show(conn, _payment_id(payment_id))
         except PaycronError as exc:
             raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps(_jsonable(found), indent=2))
+    click.echo(json.dumps(_as_the_api_says(found, "DeadLetterDetailSchema"), indent=2))
+
+
+def _as_the_api_says(found: dict, schema: str) -> dict:
+    """``found`` in the shape ``/v1/admin/dead-letters`` answers (camelCase,
+    amounts as ``amount``), dumped by the API's own schema so the two never
+    differ; imported here only, as the command needs it."""
+    from web import admin
+
+    return getattr(admin, schema)().dump(found)
 
 
 def _dlq_action(action, payment_id: str, **kwargs) -> None:
