@@ -429,6 +429,25 @@ def test_webhook_endpoints_with_their_backlog_per_payer(signed_in, conn):
     html = signed_in.get("/console/webhooks").get_data(as_text=True)
     assert "https://hooks.acme.example/in" in html
     assert "Endpoints of acme: 3 events waiting" in html
+    assert "none yet" in html  # no delivery attempted yet
+
+
+def test_a_caught_up_endpoint_shows_its_latest_answer(signed_in, conn):
+    """Every event delivered, none waiting: the page still says how the last
+    delivery went, not a dash."""
+    (endpoint,) = conn.execute(
+        "INSERT INTO webhook_endpoints (actor, url, secret) "
+        "VALUES ('acme', 'https://hooks.acme.example/in', 'whsec_x') RETURNING id"
+    ).fetchone().values()
+    for event_id, status in ((1, 500), (2, 204)):
+        conn.execute(
+            "INSERT INTO webhook_deliveries (endpoint_id, event_id, attempts, last_status, "
+            "delivered_at) VALUES (%s, %s, 1, %s, now())",
+            (endpoint, event_id, status),
+        )
+    html = signed_in.get("/console/webhooks").get_data(as_text=True)
+    row = html[html.index("https://hooks.acme.example/in") :].split("</tr>", 1)[0]
+    assert "204 at " in row and "—" not in row.split("Last answer", 1)[-1]
 
 
 # -- actions ------------------------------------------------------------------------------------
