@@ -276,14 +276,19 @@ class Member:
                 "listen": f"127.0.0.1:{self.api_port}",
                 "connect_address": f"127.0.0.1:{self.api_port}",
             },
-            "etcd3": {"hosts": [f"127.0.0.1:{relay.port}" for relay in self.relays]},
+            # use_proxies: talk to these addresses only, never to the members
+            # etcd advertises (the relays are what a partition cuts).
+            "etcd3": {
+                "hosts": [f"127.0.0.1:{relay.port}" for relay in self.relays],
+                "use_proxies": True,
+            },
             "bootstrap": {
                 "dcs": {
                     "ttl": timing.ttl,
                     "loop_wait": timing.loop_wait,
                     "retry_timeout": timing.retry_timeout,
                     "maximum_lag_on_failover": 1048576,
-                    "synchronous_mode": True,
+                    "synchronous_mode": self.cluster.synchronous,
                     "synchronous_mode_strict": self.cluster.strict,
                     "postgresql": {
                         "use_pg_rewind": True,
@@ -377,7 +382,11 @@ class Member:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return self.dsn("postgres")
+
+    def dsn(self, dbname: str) -> str:
+        """This member alone, database ``dbname``."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
     def role(self) -> str | None:
         """What the agent's REST API says this member is, or None."""
@@ -433,11 +442,12 @@ class PatroniCluster:
 
     def __init__(
         self, *, members: int = 2, timing: Timing = DEFAULT, strict: bool = False,
-        dbname: str = "paycron",
+        synchronous: bool = True, dbname: str = "paycron",
     ):  # fmt: skip
         self.workdir = Path(tempfile.mkdtemp(prefix="paycron-patroni-"))
         _chown(self.workdir)
         self.timing, self.strict, self.dbname = timing, strict, dbname
+        self.synchronous = synchronous
         self.etcd = Etcd(self.workdir / "etcd")
         (self.workdir / "etcd").mkdir()
         self.members = [Member(self, f"pg{n}") for n in range(members)]
@@ -494,7 +504,9 @@ class PatroniCluster:
                     return None
         return None
 
-    def wait_synchronous(self, timeout: float = 120) -> str:
+    def wait_synchronous(self, timeout: float = 120) -> str | None:
+        if not self.synchronous:
+            return None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             name = self.synchronous_standby()
