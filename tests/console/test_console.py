@@ -435,10 +435,14 @@ def test_webhook_endpoints_with_their_backlog_per_payer(signed_in, conn):
 def test_a_caught_up_endpoint_shows_its_latest_answer(signed_in, conn):
     """Every event delivered, none waiting: the page still says how the last
     delivery went, not a dash."""
-    (endpoint,) = conn.execute(
-        "INSERT INTO webhook_endpoints (actor, url, secret) "
-        "VALUES ('acme', 'https://hooks.acme.example/in', 'whsec_x') RETURNING id"
-    ).fetchone().values()
+    (endpoint,) = (
+        conn.execute(
+            "INSERT INTO webhook_endpoints (actor, url, secret) "
+            "VALUES ('acme', 'https://hooks.acme.example/in', 'whsec_x') RETURNING id"
+        )
+        .fetchone()
+        .values()
+    )
     for event_id, status in ((1, 500), (2, 204)):
         conn.execute(
             "INSERT INTO webhook_deliveries (endpoint_id, event_id, attempts, last_status, "
