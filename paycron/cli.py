@@ -238,9 +238,9 @@ def dlq_show(payment_id: str) -> None:
 def _as_the_api_says(found: dict, schema: str) -> dict:
     """``found`` in the shape ``/v1/admin/dead-letters`` answers (camelCase,
     amounts as ``amount``), dumped by the API's own schema so the two never
-    differ; imported here only, as the command needs it."""
-    from web import admin
-
+    differ. Looked up at run time, as the plugin commands are: the API is a
+    part this package never imports."""
+    admin = importlib.import_module("web.admin")
     return getattr(admin, schema)().dump(found)
 
 

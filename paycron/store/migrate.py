@@ -63,7 +63,8 @@ def pending_migrations(conn: Connection, directory: Path = MIGRATIONS_DIR) -> li
     database has not applied, oldest first. Empty: the schema is current
     (a database migrated by newer code is current for this code too)."""
     expected = [path.name for path in migration_files(directory)]
-    if not conn.execute(q("migrations_table_exists")).fetchone()["present"]:
+    ledger = conn.execute(q("migrations_table_exists")).fetchone()
+    if ledger is None or not ledger["present"]:
         return expected
     done = {row["name"] for row in conn.execute(q("applied_migrations"))}
     return [name for name in expected if name not in done]
