@@ -18,9 +18,9 @@ from psycopg import Connection
 from paycron.config import Config
 from paycron.domain.enums import Outcome, Resolution, Status
 from paycron.domain.ids import due_range
-from paycron.domain.policy import Answer
+from paycron.domain.policy import Answer, Lookup
 from paycron.engine import lookups
-from paycron.errors import DeadLetterActionRefused, NotFound
+from paycron.errors import DeadLetterActionRefused, NotFound, OtherProcessor
 from paycron.processors.base import Gateway
 from paycron.sql import q
 from paycron.store import transitions
@@ -66,7 +66,7 @@ def redrive(
 ) -> ActionResult:
     letter = _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
-    lookup = lookups.look_up(gateway, payment)
+    lookup = _look_up(gateway, payment)
     if lookup.answer is Answer.CHARGED:
         if transitions.complete_from_gateway(
             conn,
@@ -100,13 +100,24 @@ def redrive(
             f"a call of this payment may still land at the processor until "
             f"{at.isoformat()}: re-drive after that"
         )
-    if letter["reason"] not in REDRIVABLE or not transitions.redrive(conn, payment_id, actor=actor):
+    if letter["reason"] not in REDRIVABLE or not transitions.redrive(
+        conn, payment_id, actor=actor, processor=gateway.name
+    ):
         raise DeadLetterActionRefused(
             "only RETRIES_EXHAUSTED and LEASE_EXPIRED_REPEATEDLY payments can be re-driven"
         )
     return ActionResult(
         payment_id, "redriven", "back to PENDING with a fresh budget and a new idempotency key"
     )
+
+
+def _look_up(gateway: Gateway, payment: dict) -> Lookup:
+    """The lookup a human action stands on; refused, not guessed, when this
+    process is configured for another processor than the payment's."""
+    try:
+        return lookups.look_up(gateway, payment)
+    except OtherProcessor as exc:
+        raise DeadLetterActionRefused(str(exc)) from None
 
 
 #: What a re-drive may send back: a decline or a mismatch needs a human elsewhere.
@@ -123,7 +134,7 @@ def refund(
         raise DeadLetterActionRefused(
             "the payment waits for the processor's outcome: nothing to refund yet"
         )
-    lookup = lookups.look_up(gateway, payment)
+    lookup = _look_up(gateway, payment)
     if lookup.answer is not Answer.CHARGED:
         raise DeadLetterActionRefused(
             "the processor holds no charge for this payment "

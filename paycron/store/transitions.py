@@ -350,9 +350,12 @@ def complete_from_gateway(
     return row is not None
 
 
-def redrive(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> bool:
+def redrive(
+    conn: Connection, payment_id: uuid.UUID, *, actor: str, processor: str | None = None
+) -> bool:
     """A parked payment back to PENDING with a fresh budget and the next key
-    generation (call only after a conclusive lookup found nothing)."""
+    generation (call only after a conclusive lookup found nothing, at
+    ``processor``: a payment called at another processor is left alone)."""
     due_from, due_to = due_range(payment_id)
     row = conn.execute(
         q("redrive"),
@@ -361,6 +364,7 @@ def redrive(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> bool:
             "due_from": due_from,
             "due_to": due_to,
             "actor": actor,
+            "processor": processor,
         },
     ).fetchone()
     if row is not None:

@@ -347,7 +347,8 @@ SELECT id, attempt FROM completed;
 -- generation (the processor may replay a stored answer for the old key),
 -- after a lookup found nothing conclusively (paycron.engine.dead_letters). Only
 -- RETRIES_EXHAUSTED and LEASE_EXPIRED_REPEATEDLY: a decline needs a new
--- payment.
+-- payment. Only when the lookup was asked at the payment's own processor
+-- (%(processor)s; another processor's "nothing" is no answer).
 WITH redriven AS (
     UPDATE payments
     SET status = 'PENDING', failure_reason = NULL, failures = 0, lease_expiries = 0,
@@ -357,6 +358,7 @@ WITH redriven AS (
     WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
       AND status = 'FAILED'
       AND failure_reason IN ('RETRIES_EXHAUSTED', 'LEASE_EXPIRED_REPEATEDLY')
+      AND (%(processor)s::text IS NULL OR processor IS NULL OR processor = %(processor)s)
     RETURNING id, payer, attempt
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
@@ -449,9 +451,12 @@ SELECT id, status FROM settled;
 -- asked, so no connection waits on a call, two schedulers never poll one
 -- payment at once (SKIP LOCKED), and a crash only delays a poll. Every
 -- waiting payment is due in the past: %(now)s prunes future partitions.
+-- Only payments waiting at %(processor)s, the processor this scheduler can
+-- ask: another processor's answer about them would be no answer.
 WITH due AS (
     SELECT id, due_at FROM payments
     WHERE status = 'AWAITING_GATEWAY' AND next_poll_at <= now() AND due_at <= %(now)s
+      AND processor = %(processor)s
     ORDER BY next_poll_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
