@@ -140,12 +140,21 @@ def _claim_params(claims: Sequence[Claim]) -> dict:
     }
 
 
-def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
-    """Give claims back without a call (breaker open): no budget, no attempt row."""
-    with pool.connection() as conn:
-        rows = conn.execute(q("release_claims"), _claim_params(claims)).fetchall()
+#: Why claims are handed back (the released event's ``reason``).
+CIRCUIT_OPEN, ENQUEUE_FAILED = "circuit_open", "enqueue_failed"
+
+
+def release(pool: ConnectionPool, claims: Sequence[Claim], *, reason: str = CIRCUIT_OPEN) -> int:
+    """Give claims back without a call (breaker open, or the broker refused
+    the message): no budget, no attempt row. A claim a worker already
+    started is left alone, so releasing after an enqueue that may have
+    delivered its message is safe. Returns how many went back."""
+    params = _claim_params(claims)
+    with pool.connection() as conn, conn.transaction():
+        conn.execute(q("lock_claims_to_release"), params)
+        rows = conn.execute(q("release_claims"), {**params, "reason": reason}).fetchall()
     for r in rows:
-        log_transition(r["id"], Status.PROCESSING, Status.PENDING, reason="circuit_open")
+        log_transition(r["id"], Status.PROCESSING, Status.PENDING, reason=reason)
     return len(rows)
 
 

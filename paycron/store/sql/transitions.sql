@@ -222,9 +222,27 @@ FROM outcome o
 LEFT JOIN finished f ON f.payment_id = o.id
 LEFT JOIN moved m ON m.id = o.id;
 
+-- name: lock_claims_to_release
+-- A release, step 1 (one transaction with release_claims): lock the claims
+-- still held as claimed, so that step 2, a statement of its own, sees every
+-- attempt row a worker's start committed before the lock was granted (a
+-- single UPDATE re-checking a locked row would judge NOT EXISTS on its old
+-- snapshot and release a started claim).
+SELECT p.id FROM payments p
+JOIN unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
+    AS c(id, due_at, attempt) ON p.id = c.id AND p.due_at = c.due_at
+WHERE p.status = 'PROCESSING' AND p.attempt = c.attempt
+  AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+ORDER BY p.id
+FOR UPDATE OF p;
+
 -- name: release_claims
--- The breaker is open: give held claims back without a call and without
--- using budget. run_at is kept, so the backlog drains oldest-first later.
+-- Give held claims back without a call and without using budget (the
+-- breaker is open, or the broker refused the message): run_at is kept, so
+-- the backlog drains oldest-first later. Fenced on what a worker's start
+-- writes: a claim whose attempt row exists was started (its call may
+-- charge) and is never handed back; a message delivered after its release
+-- finds the claim gone and is dropped by start's fence.
 WITH claim AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
         AS c(id, due_at, attempt)
@@ -234,10 +252,13 @@ WITH claim AS (
     FROM claim c
     WHERE p.id = c.id AND p.due_at = c.due_at AND p.status = 'PROCESSING'
       AND p.attempt = c.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      AND NOT EXISTS (SELECT 1 FROM attempts a
+                      WHERE a.payment_id = c.id AND a.attempt = c.attempt)
     RETURNING p.id, p.payer, p.attempt
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
-    SELECT id, payer, 'payment.released', 'PENDING', attempt, '{"reason": "circuit_open"}'
+    SELECT id, payer, 'payment.released', 'PENDING', attempt,
+           jsonb_build_object('reason', %(reason)s::text)
     FROM released
 )
 SELECT id FROM released;
