@@ -208,12 +208,16 @@ def after_lease_expiry(
 
     Back to PENDING at once (``run_at`` is kept: it is overdue), in doubt if
     its call was in flight (the call may have landed; the next attempt asks
-    again under the same key). The ``MAX_LEASE_EXPIRIES``-th expiry parks it:
-    a payment that kills its worker every time must not loop forever.
-    Expiries cost no budget: the call may never have been made.
+    again under the same key). Only an expiry whose call was in flight
+    counts toward ``MAX_LEASE_EXPIRIES`` (:func:`counts_expiry`): a claim that
+    never got its attempt row made no call (a lost message, workers that
+    crash before they start), and parking those would park every due
+    payment after a bad deploy. The ``MAX_LEASE_EXPIRIES``-th counted expiry
+    parks it: a payment that kills its worker every time must not loop
+    forever. Expiries cost no budget: the call may never have been made.
     """
     in_doubt = in_doubt or call_in_flight
-    if lease_expiries + 1 >= config.max_lease_expiries:
+    if counts_expiry(call_in_flight) and lease_expiries + 1 >= config.max_lease_expiries:
         return Decision(
             Status.FAILED,
             failures=failures,
@@ -221,6 +225,12 @@ def after_lease_expiry(
             failure_reason=FailureReason.LEASE_EXPIRED_REPEATEDLY,
         )
     return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt)
+
+
+def counts_expiry(call_in_flight: bool) -> bool:
+    """Whether a lease expiry counts in ``lease_expiries``: only when its
+    attempt's call was in flight (the worker started it and never finished)."""
+    return call_in_flight
 
 
 #: Charge statuses that mean the money moved: a refund is recorded, never

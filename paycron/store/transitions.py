@@ -326,6 +326,7 @@ def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
                 "statuses": [d.status.value for d in decisions],
                 "failure_reasons": [d.failure_reason and d.failure_reason.value for d in decisions],
                 "in_doubts": [d.in_doubt for d in decisions],
+                "counteds": [policy.counts_expiry(r["call_in_flight"]) for r in locked],
                 "land_seconds": config.in_flight_bound_seconds,
             },
             prepare=True,

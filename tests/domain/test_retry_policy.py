@@ -392,14 +392,17 @@ LEASE_EXPIRY = [
     expiry(1, False, True, P, None, True),
     expiry(1, True, False, P, None, True),
     expiry(1, True, True, P, None, True),
-    # The limit-th expiry parks it (a poison payment must not loop), doubt kept.
-    expiry(2, False, False, F, LER, False),
+    # The limit-th counted expiry parks it (a poison payment must not loop),
+    # doubt kept; only an expiry whose call was in flight counts: a claim
+    # that never got its attempt row (a lost message, a crash-looping deploy)
+    # made no call and never parks.
+    expiry(2, False, False, P, None, False),
     expiry(2, False, True, F, LER, True),
-    expiry(2, True, False, F, LER, True),
+    expiry(2, True, False, P, None, True),
     expiry(2, True, True, F, LER, True),
-    expiry(3, False, False, F, LER, False),
+    expiry(3, False, False, P, None, False),
     expiry(3, False, True, F, LER, True),
-    expiry(3, True, False, F, LER, True),
+    expiry(3, True, False, P, None, True),
     expiry(3, True, True, F, LER, True),
 ]
 

@@ -289,8 +289,8 @@ FOR UPDATE OF p SKIP LOCKED;
 WITH decided AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[],
                          %(statuses)s::text[], %(failure_reasons)s::text[],
-                         %(in_doubts)s::bool[])
-        AS d(id, due_at, attempt, status, failure_reason, in_doubt)
+                         %(in_doubts)s::bool[], %(counteds)s::bool[])
+        AS d(id, due_at, attempt, status, failure_reason, in_doubt, counted)
 ), marked AS (
     UPDATE attempts a SET outcome = 'LEASE_EXPIRED', finished_at = now()
     FROM decided d
@@ -300,7 +300,8 @@ WITH decided AS (
     UPDATE payments p
     SET status = d.status,
         failure_reason = d.failure_reason,
-        lease_expiries = p.lease_expiries + 1,
+        -- only an expiry whose call was in flight counts (policy.counts_expiry)
+        lease_expiries = p.lease_expiries + CASE WHEN d.counted THEN 1 ELSE 0 END,
         in_doubt = d.in_doubt,
         in_doubt_since = CASE WHEN d.in_doubt
                               THEN coalesce(p.in_doubt_since, m.started_at, now()) END,
