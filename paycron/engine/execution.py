@@ -55,7 +55,12 @@ class GroupCounts:
 
 #: Parked with a dead letter for a human (the metric counts each).
 PARKED_REASONS = frozenset(
-    {FailureReason.RETRIES_EXHAUSTED, FailureReason.LOOKUP_MISMATCH, FailureReason.GATEWAY_REJECTED}
+    {
+        FailureReason.RETRIES_EXHAUSTED,
+        FailureReason.LOOKUP_MISMATCH,
+        FailureReason.GATEWAY_REJECTED,
+        FailureReason.LEASE_EXPIRED_REPEATEDLY,
+    }
 )
 
 #: A call is sent only while its lease has at least this long left (seconds);
@@ -228,6 +233,8 @@ class Executor:
         return [first, *(f.result() for f in futures)]
 
     def _call(self, row: dict, lease_end: float) -> Finished:
+        if policy.at_lease_expiry_limit(row["lease_expiries"], self.config):
+            return self._look_up_before_parking(row)
         if self._key_may_be_forgotten(row):
             return self._look_up_instead(row)
         try:
@@ -253,6 +260,20 @@ class Executor:
             return False
         keep = self.config.gateway_key_retention_seconds - self.config.in_flight_bound_seconds
         return (datetime.now(UTC) - since).total_seconds() > keep
+
+    def _look_up_before_parking(self, row: dict) -> Finished:
+        """A payment whose leases kept expiring with its call in flight: asked
+        about by reference, never called again; parked unless the lookup
+        finds its charge or the processor still processing it."""
+        lookup = _ask(self.gateway, row, in_doubt=row["in_doubt"])
+        decision = policy.after_lease_expiry_limit(
+            lookup, failures=row["failures"], in_doubt=row["in_doubt"]
+        )
+        return Finished(
+            row,
+            _found(lookup) or CallResult(Outcome.NOT_SENT, error_code="lease_expired_repeatedly"),
+            decision,
+        )
 
     def _look_up_instead(self, row: dict) -> Finished:
         """Decide an old doubt by lookup: charged completes; a conclusive none

@@ -20,7 +20,7 @@ from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
 from paycron.domain import policy
-from paycron.domain.enums import CancelOutcome, Status
+from paycron.domain.enums import CancelOutcome, Outcome, Status
 from paycron.domain.ids import due_range
 from paycron.domain.policy import Decision
 from paycron.domain.processing import CallResult
@@ -282,6 +282,11 @@ def _finish(
     }
     with pool.connection() as conn:
         rows = conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
+        # A statement of its own (it must see a parking committed while the
+        # one above waited): late successes of payments parked in doubt.
+        late = [d for d, r in zip(done, _in_order(done, rows), strict=True) if _late(d, r)]
+        if late:
+            _complete_late(conn, late)
     by_id = {d.row["id"]: d for d in done}
     for r in rows:
         if r["moved"]:
@@ -295,6 +300,36 @@ def _finish(
                 reason=d.decision.failure_reason,
             )
     return rows
+
+
+def _in_order(done: Sequence[Finished], rows: Sequence[dict]) -> list[dict | None]:
+    by_id = {r["id"]: r for r in rows}
+    return [by_id.get(d.row["id"]) for d in done]
+
+
+def _late(item: Finished, row: dict | None) -> bool:
+    """A success recorded on its attempt row that moved no payment."""
+    return (
+        row is not None
+        and row["recorded"]
+        and not row["moved"]
+        and item.result.outcome is Outcome.SUCCEEDED
+    )
+
+
+def _complete_late(conn: Connection, late: Sequence[Finished]) -> None:
+    rows = conn.execute(
+        q("complete_late_success"),
+        {
+            "ids": [d.row["id"] for d in late],
+            "due_ats": [d.row["due_at"] for d in late],
+            "attempts": [d.row["attempt"] for d in late],
+            "gateway_refs": [d.result.gateway_ref for d in late],
+            "actor": worker_name(),
+        },
+    ).fetchall()
+    for r in rows:
+        log_transition(r["id"], Status.FAILED, Status.COMPLETED, reason="late_success")
 
 
 def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:

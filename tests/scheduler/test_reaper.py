@@ -140,8 +140,10 @@ def test_a_reclaimed_payment_is_charged_once(engine, conn, gateway):
 
 
 def test_repeated_lease_expiry_parks_a_poison_payment(engine, conn, config):
+    """It kills its worker every time, the lookup's claim included: parked
+    in doubt, its event saying the outcome is unknown."""
     row = insert_payment(conn)
-    for n in range(config.max_lease_expiries):
+    for n in range(config.max_lease_expiries + 1):
         [(claims, _)] = engine.sweep()
         assert claims == [Claim(row["id"], row["due_at"], n + 1)]
         # its worker starts the call and dies every time
@@ -150,6 +152,12 @@ def test_repeated_lease_expiry_parks_a_poison_payment(engine, conn, config):
         engine.reaper.run_once()
     final = row_of(conn, row["id"])
     assert (final["status"], final["failure_reason"]) == ("FAILED", "LEASE_EXPIRED_REPEATEDLY")
+    assert final["in_doubt"]
+    last = conn.execute(
+        "SELECT data FROM payment_events WHERE payment_id = %s ORDER BY id DESC LIMIT 1",
+        (row["id"],),
+    ).fetchone()["data"]
+    assert last["failureReason"] == "LEASE_EXPIRED_REPEATEDLY" and last["outcomeUnknown"] is True
     [dead] = conn.execute("SELECT * FROM dead_letters").fetchall()
     assert dead["reason"] == "LEASE_EXPIRED_REPEATEDLY"
     assert engine.sweep() == []

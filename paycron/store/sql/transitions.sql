@@ -126,7 +126,8 @@ WITH claim AS (
       AND (p.processor IS NULL OR p.processor = %(processor)s)
     RETURNING p.id, p.due_at, p.attempt, p.payer, p.amount_minor, p.currency, p.failures,
               p.in_doubt, p.key_in_use, p.customer, p.payment_method, p.key_generation,
-              p.gateway_intent_id, p.calls_land_by, p.in_doubt_since
+              p.gateway_intent_id, p.calls_land_by, p.in_doubt_since, p.lease_expiries,
+              p.processor
 ), started AS (
     INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor,
                           outcome, worker, due_at)
@@ -214,13 +215,50 @@ WITH outcome AS (
     SELECT o.id, o.due_at, o.payer, o.failure_reason, o.error_code
     FROM outcome o JOIN moved m ON m.id = o.id
     WHERE m.status = 'FAILED'
-      AND o.failure_reason IN ('RETRIES_EXHAUSTED', 'LOOKUP_MISMATCH', 'GATEWAY_REJECTED')
+      AND o.failure_reason IN ('RETRIES_EXHAUSTED', 'LOOKUP_MISMATCH', 'GATEWAY_REJECTED',
+                               'LEASE_EXPIRED_REPEATEDLY')
     ON CONFLICT (payment_id) WHERE resolution IS NULL DO NOTHING
 )
 SELECT o.id, f.payment_id IS NOT NULL AS recorded, m.id IS NOT NULL AS moved, m.status
 FROM outcome o
 LEFT JOIN finished f ON f.payment_id = o.id
 LEFT JOIN moved m ON m.id = o.id;
+
+-- name: complete_late_success
+-- A call whose answer came after its payment was parked in doubt (a hung
+-- worker's late SUCCEEDED, already on its own attempt row): the payment is
+-- FAILED only because nobody knew; the money moved, so it is COMPLETED by
+-- CAS (only from FAILED in doubt, only for an attempt row that says
+-- SUCCEEDED), with its event, and its open dead letter resolved.
+WITH late AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[],
+                         %(gateway_refs)s::text[])
+        AS l(id, due_at, attempt, gateway_ref)
+), completed AS (
+    UPDATE payments p
+    SET status = 'COMPLETED', failure_reason = NULL, in_doubt = false, in_doubt_since = NULL,
+        updated_at = now()
+    FROM late l
+    WHERE p.id = l.id AND p.due_at = l.due_at AND p.status = 'FAILED' AND p.in_doubt
+      AND p.attempt >= l.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      AND EXISTS (SELECT 1 FROM attempts a
+                  WHERE a.payment_id = l.id AND a.attempt = l.attempt
+                    AND a.outcome = 'SUCCEEDED')
+    RETURNING p.id, p.payer, l.attempt, l.gateway_ref
+), events AS (
+    INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
+    SELECT id, payer, 'payment.completed', 'COMPLETED', attempt,
+           jsonb_strip_nulls(jsonb_build_object(
+               'outcome', 'SUCCEEDED', 'gatewayRef', gateway_ref, 'late', true))
+    FROM completed
+), resolved AS (
+    UPDATE dead_letters d
+    SET resolution = 'COMPLETED', resolved_by = %(actor)s, resolved_at = now(),
+        note = 'a late answer of attempt ' || c.attempt || ': charged'
+    FROM completed c
+    WHERE d.payment_id = c.id AND d.resolution IS NULL
+)
+SELECT id FROM completed;
 
 -- name: lock_claims_to_release
 -- A release, step 1 (one transaction with release_claims): lock the claims
@@ -321,7 +359,11 @@ WITH decided AS (
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
     SELECT id, payer, 'payment.' || lower(status), status, attempt,
-           jsonb_build_object('reason', 'lease_expired', 'inDoubt', in_doubt)
+           jsonb_strip_nulls(jsonb_build_object(
+               'reason', 'lease_expired', 'inDoubt', in_doubt,
+               'failureReason', CASE WHEN status = 'FAILED' THEN 'LEASE_EXPIRED_REPEATEDLY' END,
+               -- parked in doubt: the outcome is unknown, a charge may exist
+               'outcomeUnknown', CASE WHEN status = 'FAILED' AND in_doubt THEN true END))
     FROM reaped
 ), parked AS (
     INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error)
