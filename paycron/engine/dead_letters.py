@@ -96,6 +96,11 @@ def redrive(
         raise DeadLetterActionRefused("the payment changed state; look again")
     if not lookup.conclusive:
         at = lookups.conclusive_at(payment)
+        if at is None:
+            raise DeadLetterActionRefused(
+                "the time until which a call of this payment may still land is not known "
+                "(no in-flight bound recorded): run the migrations, then re-drive"
+            )
         raise DeadLetterActionRefused(
             f"a call of this payment may still land at the processor until "
             f"{at.isoformat()}: re-drive after that"

@@ -233,10 +233,24 @@ class Executor:
         return [first, *(f.result() for f in futures)]
 
     def _call(self, row: dict, lease_end: float) -> Finished:
-        if policy.at_lease_expiry_limit(row["lease_expiries"], self.config):
-            return self._look_up_before_parking(row)
-        if self._key_may_be_forgotten(row):
-            return self._look_up_instead(row)
+        try:
+            if policy.at_lease_expiry_limit(row["lease_expiries"], self.config):
+                return self._look_up_before_parking(row)
+            if self._key_may_be_forgotten(row):
+                return self._look_up_instead(row)
+        except Exception:  # a bug must not lose the group: nothing sent, asked again later
+            log.exception("lookup instead of a call failed unexpectedly for %s", row["id"])
+            return Finished(
+                row,
+                CallResult(Outcome.NOT_SENT, error_code="client_error"),
+                Decision(
+                    Status.PENDING,
+                    delay=policy.LOOKUP_RECHECK_DELAY,
+                    failures=row["failures"],
+                    in_doubt=row["in_doubt"],
+                    key_in_use=row["key_in_use"],
+                ),
+            )
         try:
             result = self._send(row, lease_end)
         except Exception:  # a bug must not lose the group: in doubt, asked again
@@ -285,7 +299,9 @@ class Executor:
         lookup = _ask(self.gateway, row, in_doubt=True)
         decision = policy.after_lookup(base, lookup)
         if lookup.answer is Answer.NONE and not lookup.conclusive:
-            wait = (row["calls_land_by"] - datetime.now(UTC)).total_seconds()
+            # asked again once the bound has passed (no bound recorded: later)
+            bound = row["calls_land_by"]
+            wait = 0.0 if bound is None else (bound - datetime.now(UTC)).total_seconds()
             decision = replace(decision, delay=max(wait, policy.LOOKUP_RECHECK_DELAY))
         return Finished(
             row,

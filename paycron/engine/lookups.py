@@ -24,15 +24,22 @@ CLOCK_SKEW = timedelta(hours=1)
 
 def conclusive_at(payment: Mapping) -> datetime | None:
     """When a lookup that finds nothing becomes conclusive: the in-flight
-    bound; None when it already is (never in doubt, or no call ever made)."""
+    bound; None when it already is (never in doubt) or when it is not known
+    (in doubt with no recorded bound: :func:`is_conclusive` says never)."""
     if not payment["in_doubt"]:
         return None
     return payment.get("calls_land_by")
 
 
 def is_conclusive(payment: Mapping, now: datetime | None = None) -> bool:
-    at = conclusive_at(payment)
-    return at is None or (now or datetime.now(UTC)) >= at
+    """A *none* is conclusive when the payment is not in doubt, or once its
+    in-flight bound has passed. In doubt with no bound recorded (a row from
+    before the bound was kept, until the migration that backfills it ran) is
+    never conclusive: an old call may still land."""
+    if not payment["in_doubt"]:
+        return True
+    at = payment.get("calls_land_by")
+    return at is not None and (now or datetime.now(UTC)) >= at
 
 
 def check_processor(gateway: Gateway, payment: Mapping) -> None:
