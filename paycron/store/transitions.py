@@ -207,12 +207,14 @@ def finish(
     that may still land moves the payment's in-flight bound to its start +
     ``land_seconds`` (lease + call timeout + settle margin).
 
-    A value Postgres cannot store never loses the rest of the group: the
-    group is written one by one, and an outcome that still fails is written
-    without the gateway's text (its status and decision are kept)."""
+    A value Postgres cannot store (a NUL byte, an unencodable character, a
+    processor id longer than the schema allows) never loses the rest of the
+    group: the group is written one by one, and an outcome that still fails
+    is written without the processor's text (its status and decision are
+    kept)."""
     try:
         return _finish_retrying_deadlocks(pool, done, land_seconds, poll_seconds)
-    except (psycopg.DataError, UnicodeEncodeError):
+    except _UNWRITABLE_ERRORS:
         if len(done) > 1:
             return [
                 row
@@ -230,9 +232,16 @@ def finish(
             error_code=item.result.error_code and UNWRITABLE,
             gateway_ref=item.result.gateway_ref and UNWRITABLE,
         )
-        return _finish(
-            pool, [Finished(item.row, result, item.decision)], land_seconds, poll_seconds
-        )
+        # the processor-side payment to confirm again is that text too: the
+        # next call makes a new one under the next key instead
+        decision = replace(item.decision, confirm=None)
+        return _finish(pool, [Finished(item.row, result, decision)], land_seconds, poll_seconds)
+
+
+#: What an answer Postgres refuses to store raises: a value it cannot hold
+#: (DataError), a CHECK it breaks (CheckViolation, an IntegrityError), text
+#: it cannot encode.
+_UNWRITABLE_ERRORS = (psycopg.DataError, psycopg.IntegrityError, UnicodeEncodeError)
 
 
 #: A finish that deadlocks with a reap of the same rows is rolled back whole
