@@ -244,17 +244,17 @@ WITH late AS (
       AND EXISTS (SELECT 1 FROM attempts a
                   WHERE a.payment_id = l.id AND a.attempt = l.attempt
                     AND a.outcome = 'SUCCEEDED')
-    RETURNING p.id, p.payer, l.attempt, l.gateway_ref
+    RETURNING p.id, p.payer, p.attempt, l.attempt AS late_attempt, l.gateway_ref
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
     SELECT id, payer, 'payment.completed', 'COMPLETED', attempt,
            jsonb_strip_nulls(jsonb_build_object(
-               'outcome', 'SUCCEEDED', 'gatewayRef', gateway_ref, 'late', true))
+               'outcome', 'SUCCEEDED', 'gatewayRef', gateway_ref, 'lateAttempt', late_attempt))
     FROM completed
 ), resolved AS (
     UPDATE dead_letters d
     SET resolution = 'COMPLETED', resolved_by = %(actor)s, resolved_at = now(),
-        note = 'a late answer of attempt ' || c.attempt || ': charged'
+        note = 'a late answer of attempt ' || c.late_attempt || ': charged'
     FROM completed c
     WHERE d.payment_id = c.id AND d.resolution IS NULL
 )
