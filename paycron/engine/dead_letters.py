@@ -130,9 +130,16 @@ REDRIVABLE = frozenset({"RETRIES_EXHAUSTED", "LEASE_EXPIRED_REPEATEDLY"})
 
 
 def refund(
-    conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *, actor: str
+    conn: Connection,
+    gateway: Gateway,
+    payment_id: uuid.UUID,
+    *,
+    actor: str,
+    poll_seconds: float = Config.gateway_poll_seconds,
 ) -> ActionResult:
-    """Refund the payment's charge (if the processor holds one) and close its letter."""
+    """Refund the payment's charge (if the processor holds one) and close its
+    letter; a charge the processor is still processing is waited for
+    (AWAITING_GATEWAY), not dismissed."""
     _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
     if payment["status"] == Status.AWAITING_GATEWAY:
@@ -140,6 +147,24 @@ def refund(
             "the payment waits for the processor's outcome: nothing to refund yet"
         )
     lookup = _look_up(gateway, payment)
+    if lookup.answer is Answer.PROCESSING:
+        # A debit still processing (a payment parked in doubt): it waits for
+        # the processor's outcome like any other, polled until it settles.
+        if transitions.await_from_lookup(
+            conn, payment_id, intent=lookup.charge.id, actor=actor, poll_seconds=poll_seconds
+        ):
+            return ActionResult(
+                payment_id,
+                "awaiting_gateway",
+                f"the processor is still processing {lookup.charge.id}: nothing to refund "
+                "yet; the payment waits for its outcome",
+            )
+        raise DeadLetterActionRefused("the payment changed state; look again")
+    if lookup.answer is Answer.NONE and not lookup.conclusive:
+        raise DeadLetterActionRefused(
+            "the processor holds no charge for this payment yet, but a call of it may "
+            "still land: look again later"
+        )
     if lookup.answer is not Answer.CHARGED:
         raise DeadLetterActionRefused(
             "the processor holds no charge for this payment "
