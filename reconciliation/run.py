@@ -161,20 +161,20 @@ def _await(
             continue
         key = (each.payment_id, each.charge.id)
         if lookup.answer is Answer.PROCESSING and transitions.await_from_lookup(
-            conn, each.payment_id, intent=lookup.charge.id, actor=ACTOR, poll_seconds=poll_seconds
+            conn, each.payment_id, intent=lookup.found.id, actor=ACTOR, poll_seconds=poll_seconds
         ):
             done[key] = (
-                f"the processor is processing {lookup.charge.id}: the payment now waits "
+                f"the processor is processing {lookup.found.id}: the payment now waits "
                 "for its outcome (AWAITING_GATEWAY)"
             )
         elif lookup.answer is Answer.CHARGED and transitions.complete_from_gateway(
             conn,
             each.payment_id,
             outcome=Outcome.RECONCILED,
-            gateway_ref=lookup.charge.id,
+            gateway_ref=lookup.found.id,
             actor=ACTOR,
         ):
-            done[key] = f"charged by now ({lookup.charge.id}): the payment is completed"
+            done[key] = f"charged by now ({lookup.found.id}): the payment is completed"
         if key in done:
             log.info("reconciliation: payment=%s %s", each.payment_id, done[key])
     return [
