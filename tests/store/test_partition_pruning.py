@@ -49,6 +49,7 @@ STATEMENTS = {
             "statuses": ["PENDING"],
             "failure_reasons": [None],
             "in_doubts": [True],
+            "counteds": [True],
             "land_seconds": 730,
         },
     ),
@@ -57,7 +58,12 @@ STATEMENTS = {
         q("start_attempts"),
         {**claim_params(row), "lease_seconds": 30, "worker": "w", "processor": "fake"},
     ),
-    "release_claims": lambda conn, row: conn.execute(q("release_claims"), claim_params(row)),
+    "lock_claims_to_release": lambda conn, row: conn.execute(
+        q("lock_claims_to_release"), claim_params(row)
+    ),
+    "release_claims": lambda conn, row: conn.execute(
+        q("release_claims"), {**claim_params(row), "reason": "circuit_open"}
+    ),
     "get_payment": lambda conn, row: payments.get_payment(conn, row["id"], actor="alice"),
     "cancel": lambda conn, row: conn.execute(
         q("cancel"),
