@@ -26,12 +26,16 @@ money: the money checks say whether it did).
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from bench.failover import Failover, _hms
+from bench.failover import QUERIES, Failover, _hms
 from bench.patroni import PatroniCluster, Timing
+from paycron.config import Config
+from paycron.store.db import connect
 
 FAULTS = ("postmaster", "agent", "partition")
 
@@ -74,6 +78,12 @@ class PatroniFailover(Failover):
 
     def stop(self) -> None:
         self.sampling.set()
+        if self.system is not None:  # Patroni's own account of the run, beside the others'
+            for member in self.pair.members:
+                with contextlib.suppress(OSError):
+                    shutil.copy(
+                        member.dir / "patroni.log", self.system.logdir / f"{member.name}.log"
+                    )
         super().stop()
 
     def _fail_over(self) -> None:
@@ -94,11 +104,18 @@ class PatroniFailover(Failover):
         sampler = threading.Thread(target=self._sample_writers, daemon=True)
         sampler.start()
         if self.fault == "agent":
-            time.sleep(self.agent_down)
-            old.start_agent()
-            print(f"  {_hms(datetime.now(UTC))} {old.name}'s agent started again")
-        # A postmaster kill may end with the same member leading again.
-        new = cluster.wait_leader(timeout=self.pause_target * 3)
+            # Started again later, as a supervisor would; meanwhile Patroni decides.
+            def restart() -> None:
+                old.start_agent()
+                print(f"  {_hms(datetime.now(UTC))} {old.name}'s agent started again")
+
+            threading.Timer(self.agent_down, restart).start()
+        if self.fault == "postmaster":
+            # Patroni may restart PostgreSQL in place: the same member may lead again.
+            new = cluster.wait_leader(timeout=self.pause_target * 3)
+        else:
+            # The deposed leader still answers as one until Patroni demotes it.
+            new = cluster.wait_leader(timeout=self.pause_target * 3, not_=old)
         self.marks["promote"] = datetime.now(UTC)
         print(
             f"  {_hms(self.marks['promote'])} leader: {new.name} "
@@ -122,6 +139,36 @@ class PatroniFailover(Failover):
             else:
                 since = None
             time.sleep(0.1)
+
+    def _pauses(self, around: dict) -> dict[str, float]:
+        """The longest stretch without claims, calls and created payments in
+        the minute after the fault: with a deposed leader that runs on for a
+        few seconds (its synchronous standby still following it), "the
+        first claim after the fault" would hide the pause that follows."""
+        super()._pauses(around)  # prints the first claim, call and create after the fault
+        since = self.marks["kill"]
+        until = min(since + timedelta(seconds=60), self.marks["load_end"])
+        with connect(Config(database_url=self.url)) as conn:
+            gaps = conn.execute(
+                QUERIES["failover_longest_gaps"], {"since": since, "until": until}
+            ).fetchone()
+        created = sorted(
+            t.answered
+            for c in self.clients.creates
+            for t in c.tries
+            if t.status == 201 and since <= t.answered <= until
+        )
+        create_gap = max(
+            (b - a).total_seconds() for a, b in zip([since, *created], created, strict=False)
+        ) if created else float("inf")  # fmt: skip
+        figures = {
+            "longest pause of claims after the fault": float(gaps["claims_gap"] or "inf"),
+            "longest pause of gateway calls after the fault": float(gaps["calls_gap"] or "inf"),
+            "longest pause of creates after the fault": create_gap,
+        }
+        for name, seconds in figures.items():
+            print(f"{name}: {seconds:.1f} s")
+        return figures
 
     def _fault_checks(self) -> list[tuple[str, object, bool]]:
         self.sampling.set()

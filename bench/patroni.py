@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -276,14 +277,19 @@ class Member:
                 "listen": f"127.0.0.1:{self.api_port}",
                 "connect_address": f"127.0.0.1:{self.api_port}",
             },
-            "etcd3": {"hosts": [f"127.0.0.1:{relay.port}" for relay in self.relays]},
+            # use_proxies: talk to these addresses only, never to the members
+            # etcd advertises (the relays are what a partition cuts).
+            "etcd3": {
+                "hosts": [f"127.0.0.1:{relay.port}" for relay in self.relays],
+                "use_proxies": True,
+            },
             "bootstrap": {
                 "dcs": {
                     "ttl": timing.ttl,
                     "loop_wait": timing.loop_wait,
                     "retry_timeout": timing.retry_timeout,
                     "maximum_lag_on_failover": 1048576,
-                    "synchronous_mode": True,
+                    "synchronous_mode": self.cluster.synchronous,
                     "synchronous_mode_strict": self.cluster.strict,
                     "postgresql": {
                         "use_pg_rewind": True,
@@ -377,7 +383,11 @@ class Member:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return self.dsn("postgres")
+
+    def dsn(self, dbname: str) -> str:
+        """This member alone, database ``dbname``."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
     def role(self) -> str | None:
         """What the agent's REST API says this member is, or None."""
@@ -433,11 +443,12 @@ class PatroniCluster:
 
     def __init__(
         self, *, members: int = 2, timing: Timing = DEFAULT, strict: bool = False,
-        dbname: str = "paycron",
+        synchronous: bool = True, dbname: str = "paycron",
     ):  # fmt: skip
         self.workdir = Path(tempfile.mkdtemp(prefix="paycron-patroni-"))
         _chown(self.workdir)
         self.timing, self.strict, self.dbname = timing, strict, dbname
+        self.synchronous = synchronous
         self.etcd = Etcd(self.workdir / "etcd")
         (self.workdir / "etcd").mkdir()
         self.members = [Member(self, f"pg{n}") for n in range(members)]
@@ -494,7 +505,9 @@ class PatroniCluster:
                     return None
         return None
 
-    def wait_synchronous(self, timeout: float = 120) -> str:
+    def wait_synchronous(self, timeout: float = 120) -> str | None:
+        if not self.synchronous:
+            return None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             name = self.synchronous_standby()
@@ -514,19 +527,28 @@ class PatroniCluster:
 
 
 def main() -> None:
-    """Start a cluster, print its URL and roles, wait for Ctrl-C."""
-    cluster = PatroniCluster()
+    """Start a cluster and print its URL and roles; then wait for Ctrl-C
+    (``--smoke``: stop at once)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--smoke", action="store_true", help="start, report, stop")
+    parser.add_argument("--members", type=int, default=2)
+    args = parser.parse_args()
+    cluster = PatroniCluster(members=args.members, timing=TUNED)
     try:
         started = time.monotonic()
         cluster.start()
         print(f"up in {time.monotonic() - started:.1f} s: {cluster.url}")
         print(f"leader {cluster.leader().name}, sync standby {cluster.synchronous_standby()}")
-        with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(1)
+        if not args.smoke:
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(1)
     finally:
         cluster.destroy()
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally clause runs
     main()
