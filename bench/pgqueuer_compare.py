@@ -44,6 +44,7 @@ from bench.harness import (
     System,
     cpu_seconds,
     max_charges_per_key,
+    parse_args,
     postgres_cpu_seconds,
     private_database,
     settled_counts,
@@ -298,7 +299,7 @@ def main() -> None:
         "--skip-paycron", action="store_true", help="pgqueuer alone (for tuning it)"
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, payments=100, pgq_processes=1, pgq_threads=4)
     if args.worker:
         run_worker(args.pgq_batch, args.pgq_max_tasks)
         return

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from psycopg_pool import ConnectionPool
 
@@ -23,6 +24,7 @@ from paycron.config import Config
 from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import ClaimPacer
 from paycron.observability import metrics
+from paycron.store.partitions import live_bound
 from paycron.store.transitions import Claim, claim_due, count_queued, release
 from scheduler.service import PeriodicService
 
@@ -104,13 +106,14 @@ class Sweeper(PeriodicService):
                 raise
             counts.messages += 1
 
-    def _claim(self, limit: int) -> list[Claim]:
+    def _claim(self, limit: int, live_from: datetime | None = None) -> list[Claim]:
         with self.pool.connection() as conn:
             claims = claim_due(
                 conn,
                 limit=limit,
                 lease_seconds=self.settings.lease_seconds,
                 processor=self.settings.processor,
+                live_from=live_from,
             )
         # Committed: from here a crash leaves leased rows for the reaper.
         metrics.CLAIMS.inc(len(claims))
@@ -134,13 +137,15 @@ class Sweeper(PeriodicService):
         # What is queued, from Postgres (the schedule of record), not from
         # the broker's private layout.
         with self.pool.connection() as conn:
-            room = self.settings.claim_ahead - count_queued(conn)
+            # Read once per run: every claim of the run prunes with it.
+            live_from = live_bound(conn)
+            room = self.settings.claim_ahead - count_queued(conn, live_from)
         counts.paced = True
         while room > 0:
             granted = self.pacer.take(min(self.settings.claim_batch, room))
             if granted == 0:
                 break
-            claims = self._claim(granted)
+            claims = self._claim(granted, live_from)
             self.pacer.give_back(granted - len(claims))
             self._send(claims, counts)
             counts.claimed += len(claims)

@@ -25,6 +25,7 @@ from paycron.domain.ids import due_range
 from paycron.domain.policy import Decision
 from paycron.domain.processing import CallResult
 from paycron.sql import q
+from paycron.store.partitions import live_bound
 from paycron.store.payments import get_payment
 
 log = logging.getLogger("paycron.transitions")
@@ -90,7 +91,12 @@ def cancel(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> CancelOutc
 
 
 def claim_due(
-    conn: Connection, *, limit: int, lease_seconds: float, processor: str = "fake"
+    conn: Connection,
+    *,
+    limit: int,
+    lease_seconds: float,
+    processor: str = "fake",
+    live_from: datetime | None = None,
 ) -> list[Claim]:
     """PENDING -> PROCESSING for up to ``limit`` due rows (lease, attempt + 1),
     shared across payers round-robin, oldest first within each payer; the
@@ -100,6 +106,10 @@ def claim_due(
     Two statements in one transaction: lock the rows fairly (SKIP LOCKED),
     then claim exactly those. The commit is the claim: a crash before it
     claims nothing; after it, the leases cover the rows.
+
+    ``live_from``: the live bound (:func:`paycron.store.partitions.live_bound`)
+    if the caller read it (a sweep reads it once per run); read here if not.
+    A stale one only delays a row made live below it to the next read.
     """
     with conn.transaction():
         turns = conn.execute(
@@ -108,6 +118,7 @@ def claim_due(
                 "limit": limit,
                 "now": datetime.now(UTC),
                 "processor": processor,
+                "live_from": live_bound(conn) if live_from is None else live_from,
             },
             prepare=True,
         ).fetchall()
@@ -127,9 +138,14 @@ def claim_due(
     return [Claim(r["id"], r["due_at"], r["attempt"]) for r in rows]
 
 
-def count_queued(conn: Connection) -> int:
-    """Claims waiting for their call: PROCESSING with no attempt row yet."""
-    return conn.execute(q("count_queued"), {"now": datetime.now(UTC)}, prepare=True).fetchone()["n"]
+def count_queued(conn: Connection, live_from: datetime | None = None) -> int:
+    """Claims waiting for their call: PROCESSING with no attempt row yet
+    (``live_from``: as for :func:`claim_due`)."""
+    params = {
+        "now": datetime.now(UTC),
+        "live_from": live_bound(conn) if live_from is None else live_from,
+    }
+    return conn.execute(q("count_queued"), params, prepare=True).fetchone()["n"]
 
 
 def _claim_params(claims: Sequence[Claim]) -> dict:
@@ -294,7 +310,9 @@ def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
     ``LEASE_EXPIRED_REPEATEDLY``). Lock, decide, write: one transaction."""
     with conn.transaction():
         locked = conn.execute(
-            q("lock_expired"), {"limit": limit, "now": datetime.now(UTC)}, prepare=True
+            q("lock_expired"),
+            {"limit": limit, "now": datetime.now(UTC), "live_from": live_bound(conn)},
+            prepare=True,
         ).fetchall()
         if not locked:
             return []
