@@ -25,8 +25,9 @@ from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import ClaimPacer
 from paycron.observability import metrics
 from paycron.store.partitions import live_bound
-from paycron.store.transitions import Claim, claim_due, count_queued, release
+from paycron.store.transitions import Claim, claim_due, count_queued, next_due_wait, release
 from scheduler.service import PeriodicService
+from scheduler.wake import DueWake
 
 log = logging.getLogger("paycron.sweeper")
 
@@ -34,6 +35,9 @@ log = logging.getLogger("paycron.sweeper")
 CLAIM_AHEAD_SECONDS = 2.0
 #: With the queue full (or the pace spent), the sweep looks again this soon.
 PACED_RECHECK_SECONDS = 0.2
+
+#: The shortest sleep before a known run_at (timer and clock slack).
+MIN_WAIT_SECONDS = 0.002
 
 #: enqueue(claims, probe) sends one message for a group of claims.
 Enqueue = Callable[[Sequence[Claim], bool], None]
@@ -49,6 +53,7 @@ class SweepSettings:
     group_size: int
     claim_ahead: int  # claims queued beyond those in flight, at most
     processor: str = "fake"  # payments first called elsewhere are not claimed
+    prompt_start: bool = True  # wake at the next known run_at (and on notifications)
 
     @classmethod
     def from_config(cls, config: Config) -> SweepSettings:
@@ -59,6 +64,7 @@ class SweepSettings:
             group_size=config.group_size,
             claim_ahead=max(1, round(config.gateway_rate_limit * CLAIM_AHEAD_SECONDS)),
             processor=config.gateway,
+            prompt_start=config.prompt_start,
         )
 
 
@@ -70,6 +76,7 @@ class SweepCounts:
     probe: bool = False
     breaker: str = BreakerState.CLOSED.value
     paced: bool = False  # stopped by the queue bound or the pace, not by a drained schedule
+    next_due: float | None = None  # seconds until the next known run_at within the interval
 
 
 class Sweeper(PeriodicService):
@@ -83,6 +90,7 @@ class Sweeper(PeriodicService):
         pacer: ClaimPacer,
         breaker: CircuitBreaker,
         enqueue: Enqueue,
+        wake: DueWake | None = None,
     ):
         self.settings = settings
         self.interval_seconds = settings.interval_seconds
@@ -90,9 +98,22 @@ class Sweeper(PeriodicService):
         self.pacer = pacer
         self.breaker = breaker
         self.enqueue = enqueue
+        self.wake = wake
 
     def wait_after(self, counts: SweepCounts) -> float:
-        return PACED_RECHECK_SECONDS if counts.paced else self.interval_seconds
+        if counts.paced:
+            return PACED_RECHECK_SECONDS
+        if counts.next_due is not None:
+            return min(self.interval_seconds, max(MIN_WAIT_SECONDS, counts.next_due))
+        return self.interval_seconds
+
+    def sleep(self, stop, seconds: float) -> None:
+        """Until the next known run_at or the interval, or a create's
+        notification of a payment due sooner, whichever comes first."""
+        if self.wake is None:
+            stop.wait(seconds)
+        else:
+            self.wake.wait(seconds)
 
     def _send(self, claims: Sequence[Claim], counts: SweepCounts, probe: bool = False) -> None:
         size = self.settings.group_size
@@ -156,6 +177,11 @@ class Sweeper(PeriodicService):
             if not claims:
                 counts.paced = False
                 break
+        if not counts.paced and self.settings.prompt_start:
+            with self.pool.connection() as conn:
+                counts.next_due = next_due_wait(
+                    conn, within=self.interval_seconds, live_from=live_from
+                )
         if counts.claimed:
             log.info("sweep %s", counts)
         return counts

@@ -12,7 +12,7 @@ import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 from psycopg import Connection
@@ -136,6 +136,16 @@ def claim_due(
     for r in rows:
         log_transition(r["id"], Status.PENDING, Status.PROCESSING, attempt=r["attempt"])
     return [Claim(r["id"], r["due_at"], r["attempt"]) for r in rows]
+
+
+def next_due_wait(conn: Connection, *, within: float, live_from: datetime) -> float | None:
+    """Seconds until a PENDING row's run_at comes, if one comes within
+    ``within`` seconds (by the database's clock); None otherwise."""
+    until = datetime.now(UTC) + timedelta(seconds=within)
+    row = conn.execute(
+        q("next_due_wait"), {"until": until, "live_from": live_from}, prepare=True
+    ).fetchone()
+    return row["seconds"]
 
 
 def count_queued(conn: Connection, live_from: datetime | None = None) -> int:

@@ -71,6 +71,17 @@ WITH RECURSIVE payers(payer) AS (
 )
 SELECT id, due_at FROM turns ORDER BY turn, run_at, id LIMIT %(limit)s;
 
+-- name: next_due_wait
+-- Seconds until the sweep next has work, on the database's clock: the
+-- earliest run_at still ahead among PENDING rows due by %(until)s (null:
+-- none before then). Only rows still ahead: one due but left unclaimed (a
+-- payment of another processor) never makes the sweep spin. The sweep index
+-- gives each pruned partition's first run_at.
+SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 AS seconds
+FROM payments
+WHERE status = 'PENDING' AND run_at > clock_timestamp() AND run_at <= %(until)s
+  AND due_at <= %(until)s AND due_at >= %(live_from)s;
+
 -- name: count_queued
 -- Claims waiting for their call (PROCESSING, no attempt row yet): the sweep
 -- keeps only about two seconds of the ceiling queued beyond what is in
