@@ -39,6 +39,7 @@ SMOKE = {
     "steady_state": ("lateness p50 / p99 / max", ()),
     "sweep_history": ("ratio history / fresh", ()),
     "throughput": ("ratio paycron / raw", ()),
+    "prompt_start": ("due -> claimed", ()),
 }
 #: Benchmarks whose short form CI already runs in a test of its own.
 COVERED_ELSEWHERE = {
