@@ -84,6 +84,11 @@ def asyncpg_params(url: str) -> dict:
         "user": info.get("user"),
         "password": info.get("password"),
         "database": info.get("dbname"),
+        # paycron's session settings (paycron/store/db.py): without custom
+        # plans, asyncpg's prepared statements turn generic after five runs
+        # and lock every day partition (~1,900 locks each), which ran this
+        # server out of its lock table ("out of shared memory") mid-run.
+        "server_settings": {"plan_cache_mode": "force_custom_plan", "TimeZone": "UTC"},
     }
 
 
