@@ -15,8 +15,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
 from paycron.domain import policy
@@ -25,6 +23,7 @@ from paycron.domain.ids import due_range
 from paycron.domain.policy import Decision
 from paycron.domain.processing import CallResult
 from paycron.sql import q
+from paycron.store.db import Connection, Pool, one_row
 from paycron.store.partitions import live_bound
 from paycron.store.payments import get_payment
 
@@ -151,9 +150,9 @@ def next_due_wait(conn: Connection, *, within: float, live_from: datetime) -> fl
     """Seconds until a PENDING row's run_at comes, if one comes within
     ``within`` seconds (by the database's clock); None otherwise."""
     until = datetime.now(UTC) + timedelta(seconds=within)
-    row = conn.execute(
-        q("next_due_wait"), {"until": until, "live_from": live_from}, prepare=True
-    ).fetchone()
+    row = one_row(
+        conn.execute(q("next_due_wait"), {"until": until, "live_from": live_from}, prepare=True)
+    )
     return row["seconds"]
 
 
@@ -164,7 +163,7 @@ def count_queued(conn: Connection, live_from: datetime | None = None) -> int:
         "now": datetime.now(UTC),
         "live_from": live_bound(conn) if live_from is None else live_from,
     }
-    return conn.execute(q("count_queued"), params, prepare=True).fetchone()["n"]
+    return one_row(conn.execute(q("count_queued"), params, prepare=True))["n"]
 
 
 def _claim_params(claims: Sequence[Claim]) -> dict:
@@ -175,7 +174,7 @@ def _claim_params(claims: Sequence[Claim]) -> dict:
     }
 
 
-def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
+def release(pool: Pool, claims: Sequence[Claim]) -> int:
     """Give claims back without a call (breaker open): no budget, no attempt row."""
     with pool.connection() as conn:
         rows = conn.execute(q("release_claims"), _claim_params(claims)).fetchall()
@@ -185,7 +184,7 @@ def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
 
 
 def start(
-    pool: ConnectionPool,
+    pool: Pool,
     claims: Sequence[Claim],
     *,
     lease_seconds: float,
@@ -223,7 +222,7 @@ UNWRITABLE = "unwritable_answer"
 
 
 def finish(
-    pool: ConnectionPool,
+    pool: Pool,
     done: Sequence[Finished],
     *,
     land_seconds: float = 0.0,
@@ -267,7 +266,7 @@ _DEADLOCK_TRIES = 3
 
 
 def _finish_retrying_deadlocks(
-    pool: ConnectionPool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
+    pool: Pool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
 ) -> list[dict]:
     for attempt in range(1, _DEADLOCK_TRIES + 1):
         try:
@@ -280,7 +279,7 @@ def _finish_retrying_deadlocks(
 
 
 def _finish(
-    pool: ConnectionPool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
+    pool: Pool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
 ) -> list[dict]:
     if not done:
         return []
