@@ -95,6 +95,11 @@ class Config:
     gateway_rate_limit: int = setting(100, int)
     lease_seconds: float = setting(120.0, parse_duration)
     sweep_interval_seconds: float = setting(2.0, parse_duration)
+    #: A prompt start: the sweep also wakes when a payment created due within
+    #: the interval is announced (LISTEN/NOTIFY) and at the next known run_at,
+    #: and workers look for messages at least every 50 ms when idle; false:
+    #: the sweep runs every SWEEP_INTERVAL_SECONDS only (the safety net either way).
+    prompt_start: bool = setting(True, _flag)
     claim_batch: int = setting(100, int)
     gateway_timeout_seconds: float = setting(10.0, parse_duration)
     #: With 5 delays a budget allows 6 gateway calls; the 6th retryable failure parks.

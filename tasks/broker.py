@@ -10,9 +10,12 @@ from dramatiq.brokers.redis import RedisBroker
 
 from paycron.config import Config
 from paycron.observability.sentry import init_sentry
+from tasks.prompt_broker import PromptRedisBroker
 
 config = Config.from_env()
 init_sentry(config, component="worker")
 
-broker = RedisBroker(url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq")
+broker = (PromptRedisBroker if config.prompt_start else RedisBroker)(
+    url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq"
+)
 dramatiq.set_broker(broker)

@@ -18,6 +18,7 @@ from paycron.sql import q
 from paycron.store import payments, transitions
 from tests.factories import insert_payment
 
+ALL_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 #: Generous: a handful of partitions with their indexes, never hundreds.
 MAX_LOCKS = 120
 
@@ -98,7 +99,8 @@ def test_a_statement_on_now_would_lock_everything(conn):
     taken = locks_taken(
         conn,
         lambda: conn.execute(
-            sweep_on_now, {"limit": 100, "lease_seconds": 30, "processor": "fake"}
+            sweep_on_now,
+            {"limit": 100, "lease_seconds": 30, "processor": "fake", "live_from": ALL_TIME},
         ),
     )
     assert taken > 1000

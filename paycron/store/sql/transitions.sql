@@ -36,16 +36,20 @@ SELECT id FROM cancelled;
 -- lets Postgres prune every future partition at PLAN time: with now() it
 -- prunes only at run time, after locking and planning all ~375 partitions
 -- (1,878 locks per claim instead of 13, measured on PostgreSQL 15).
+-- due_at >= %(live_from)s (the live bound, migration 012: no payment below it
+-- is PENDING) prunes the settled past days the same way, so planning does not
+-- grow with the days kept attached for the retention (bench/sweep_history.py).
 -- A payment first called at another processor than %(processor)s is never
 -- claimed (SPEC §3: one processor per payment): it waits for an operator.
 WITH RECURSIVE payers(payer) AS (
     (SELECT payer FROM payments
      WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s
+       AND due_at >= %(live_from)s
      ORDER BY payer LIMIT 1)
     UNION ALL
     SELECT (SELECT p.payer FROM payments p
             WHERE p.status = 'PENDING' AND p.run_at <= now() AND p.due_at <= %(now)s
-              AND p.payer > payers.payer
+              AND p.due_at >= %(live_from)s AND p.payer > payers.payer
             ORDER BY p.payer LIMIT 1)
     FROM payers WHERE payers.payer IS NOT NULL
 ), share AS (
@@ -58,7 +62,7 @@ WITH RECURSIVE payers(payer) AS (
     CROSS JOIN LATERAL (
         SELECT id, due_at, run_at FROM payments
         WHERE payer = payers.payer AND status = 'PENDING' AND run_at <= now()
-          AND due_at <= %(now)s
+          AND due_at <= %(now)s AND due_at >= %(live_from)s
           AND (processor IS NULL OR processor = %(processor)s)
         ORDER BY run_at LIMIT share.rows_each
         FOR UPDATE SKIP LOCKED
@@ -67,6 +71,17 @@ WITH RECURSIVE payers(payer) AS (
 )
 SELECT id, due_at FROM turns ORDER BY turn, run_at, id LIMIT %(limit)s;
 
+-- name: next_due_wait
+-- Seconds until the sweep next has work, on the database's clock: the
+-- earliest run_at still ahead among PENDING rows due by %(until)s (null:
+-- none before then). Only rows still ahead: one due but left unclaimed (a
+-- payment of another processor) never makes the sweep spin. The sweep index
+-- gives each pruned partition's first run_at.
+SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 AS seconds
+FROM payments
+WHERE status = 'PENDING' AND run_at > clock_timestamp() AND run_at <= %(until)s
+  AND due_at <= %(until)s AND due_at >= %(live_from)s;
+
 -- name: count_queued
 -- Claims waiting for their call (PROCESSING, no attempt row yet): the sweep
 -- keeps only about two seconds of the ceiling queued beyond what is in
@@ -74,7 +89,7 @@ SELECT id, due_at FROM turns ORDER BY turn, run_at, id LIMIT %(limit)s;
 -- The reaper's partial index finds PROCESSING rows; future partitions are
 -- pruned at plan time as in lock_due_fairly.
 SELECT count(*) AS n FROM payments p
-WHERE p.status = 'PROCESSING' AND p.due_at <= %(now)s
+WHERE p.status = 'PROCESSING' AND p.due_at <= %(now)s AND p.due_at >= %(live_from)s
   AND NOT EXISTS (SELECT 1 FROM attempts a
                   WHERE a.payment_id = p.id AND a.attempt = p.attempt);
 
@@ -313,6 +328,7 @@ SELECT p.id, p.due_at, p.attempt, p.lease_expiries, p.failures, p.in_doubt,
 FROM payments p
 LEFT JOIN attempts a ON a.payment_id = p.id AND a.attempt = p.attempt
 WHERE p.status = 'PROCESSING' AND p.lease_until < now() AND p.due_at <= %(now)s
+  AND p.due_at >= %(live_from)s
 ORDER BY p.lease_until
 LIMIT %(limit)s
 FOR UPDATE OF p SKIP LOCKED;
