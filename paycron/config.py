@@ -107,6 +107,11 @@ class Config:
     lease_seconds: float = setting(120.0, parse_duration)
     #: How often the sweeper looks for due payments when the last sweep came back short.
     sweep_interval_seconds: float = setting(2.0, parse_duration)
+    #: A prompt start: the sweep also wakes when a payment created due within
+    #: the interval is announced (LISTEN/NOTIFY) and at the next known run_at,
+    #: and workers look for messages at least every 50 ms when idle; false:
+    #: the sweep runs every SWEEP_INTERVAL_SECONDS only (the safety net either way).
+    prompt_start: bool = setting(True, _flag)
     #: Due payments one sweep claims at most (fairly across payers).
     claim_batch: int = setting(100, int)
     #: One processor call's limit; at most LEASE_SECONDS / 3 (checked at start).

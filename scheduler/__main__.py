@@ -35,6 +35,7 @@ from scheduler.reaper import Reaper
 from scheduler.relay import RelayConfig, WebhookRelay
 from scheduler.service import PeriodicService
 from scheduler.sweeper import Sweeper, SweepSettings
+from scheduler.wake import DueWake
 
 log = logging.getLogger("paycron.scheduler")
 
@@ -47,8 +48,12 @@ class Scheduler:
     pools: list[ConnectionPool]
     broker: RedisBroker
 
+    wake: DueWake | None = None
+
     def run(self, stop: threading.Event) -> None:
         threads = [service.start(stop) for service in self.services]
+        if self.wake is not None:
+            threads.append(self.wake.start(stop))
         stop.wait()
         for thread in threads:
             thread.join()
@@ -78,6 +83,7 @@ def build(config: Config) -> Scheduler:
         broker.enqueue(execute_message(claims, probe=probe, queue_name=config.queue_name))
 
     breaker = CircuitBreaker(client, config)
+    wake = DueWake(config) if config.prompt_start else None
     services = [
         Sweeper(
             settings=SweepSettings.from_config(config),
@@ -85,6 +91,7 @@ def build(config: Config) -> Scheduler:
             pacer=ClaimPacer(client, config),
             breaker=breaker,
             enqueue=enqueue,
+            wake=wake,
         ),
         Reaper(config=config, pool=pool),
         PartitionKeeper(config=config, pool=pool),
@@ -99,7 +106,9 @@ def build(config: Config) -> Scheduler:
             ),
         ),
     ]
-    return Scheduler(services=services, pools=[pool, relay_pool, events_pool], broker=broker)
+    return Scheduler(
+        services=services, pools=[pool, relay_pool, events_pool], broker=broker, wake=wake
+    )
 
 
 def main() -> None:

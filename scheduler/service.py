@@ -43,7 +43,12 @@ class PeriodicService:
                 stop.wait(min(ERROR_PAUSE_SECONDS, 2 * self.interval_seconds))
                 continue
             failures.succeeded()
-            stop.wait(self.wait_after(counts))
+            self.sleep(stop, self.wait_after(counts))
+
+    def sleep(self, stop: threading.Event, seconds: float) -> None:
+        """Wait ``seconds`` or until ``stop``; a service that can be woken
+        earlier waits on its own signal too."""
+        stop.wait(seconds)
 
     def wait_after(self, counts) -> float:
         """How long to sleep after a run: the interval, since ``run_once``

@@ -17,6 +17,7 @@ from paycron.config import Config
 from paycron.observability.sentry import init_sentry
 from paycron.observability.startup import one_line_errors, preflight, schema_pending
 from paycron.store.migrate import wait_until_current
+from tasks.prompt_broker import PromptRedisBroker
 
 log = logging.getLogger("paycron.worker")
 
@@ -40,5 +41,7 @@ with one_line_errors("worker"):
     preflight(config)
     _wait_for_schema(config)
 
-broker = RedisBroker(url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq")
+broker = (PromptRedisBroker if config.prompt_start else RedisBroker)(
+    url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq"
+)
 dramatiq.set_broker(broker)

@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import re
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -146,7 +147,12 @@ def make_pool(
 
 class _CheckAll:
     """A pool's check of a connection it is about to hand out: one empty
-    round trip. When that fails, every idle connection is checked at once
+    round trip, unless the connection passed one within the last
+    :data:`CHECK_EVERY_SECONDS` and its socket has nothing to read (a server
+    that died, or ended the session, has sent its end of the connection, so
+    the socket is readable): a busy worker no longer pays a round trip per
+    checkout (5% of its time), and a connection that died is still never
+    handed out. When the round trip fails, every idle connection is checked at once
     (``pool.check()``: they most likely died with the same server) rather
     than one per attempt of the waiting request, which psycopg_pool spaces
     1, 2, 4 s apart: measured, a worker pool holding its dead connections
@@ -158,8 +164,13 @@ class _CheckAll:
         self._purging = threading.Lock()
 
     def __call__(self, conn: Connection) -> None:
+        now = time.monotonic()
+        if now - getattr(conn, "_paycron_checked", -CHECK_EVERY_SECONDS) < CHECK_EVERY_SECONDS:
+            if not _readable(conn):
+                return
         try:
             ConnectionPool.check_connection(conn)
+            conn._paycron_checked = now  # type: ignore[attr-defined]
         except Exception:
             if self.pool is not None and self._purging.acquire(blocking=False):
                 try:
@@ -167,6 +178,22 @@ class _CheckAll:
                 finally:
                     self._purging.release()
             raise
+
+
+#: A connection checked by a round trip this recently is only checked for
+#: something to read (no round trip).
+CHECK_EVERY_SECONDS = 1.0
+
+
+def _readable(conn: Connection) -> bool:
+    """Whether an idle connection's socket has anything to read: between
+    statements the server sends nothing unless the session ended (a closed
+    socket reads as end of file), so anything is a reason to check."""
+    try:
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.OperationalError):
+        return True  # no socket any more: let the round trip fail
+    return bool(readable)
 
 
 #: How long one reconnection of a pool's slot backs off (attempts 0, 1, 3 and 4 s

@@ -77,6 +77,12 @@ def find_replay(conn: Connection, actor: str, key: str, body_hash: bytes) -> dic
     return get_payment(conn, row["payment_id"], actor=actor)
 
 
+def notify_due(conn: Connection) -> None:
+    """Announce a payment falling due within the sweep interval: sweepers
+    waiting on the channel wake and claim it (scheduler/wake.py)."""
+    conn.execute(q("notify_due"))
+
+
 def create_payment(
     conn: Connection,
     *,
