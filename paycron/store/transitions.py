@@ -13,11 +13,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Protocol
 
 import psycopg
 
-from paycron.config import Config
-from paycron.domain import policy
 from paycron.domain.enums import CancelOutcome, Status
 from paycron.domain.ids import due_range
 from paycron.domain.policy import Decision
@@ -287,10 +286,22 @@ def _finish(
     return rows
 
 
-def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
-    """PROCESSING rows past their lease -> the state :func:`policy.after_lease_expiry`
-    decides (PENDING, in doubt if a call was in flight; or FAILED
-    ``LEASE_EXPIRED_REPEATEDLY``). Lock, decide, write: one transaction."""
+class LeaseExpiryRule(Protocol):
+    """Where a PROCESSING row whose lease ran out goes: the caller's policy
+    (:func:`paycron.domain.policy.after_lease_expiry` with its settings)."""
+
+    def __call__(
+        self, *, lease_expiries: int, failures: int, in_doubt: bool, call_in_flight: bool
+    ) -> Decision: ...
+
+
+def reap_expired(
+    conn: Connection, *, limit: int, decide: LeaseExpiryRule, land_seconds: float
+) -> list[dict]:
+    """PROCESSING rows past their lease -> the state ``decide`` gives each
+    (PENDING, in doubt if a call was in flight; or FAILED
+    ``LEASE_EXPIRED_REPEATEDLY``). Lock, decide, write: one transaction.
+    ``land_seconds``: a call in flight may land until this long from now."""
     with conn.transaction():
         locked = conn.execute(
             q("lock_expired"), {"limit": limit, "now": datetime.now(UTC)}, prepare=True
@@ -298,12 +309,11 @@ def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
         if not locked:
             return []
         decisions = [
-            policy.after_lease_expiry(
+            decide(
                 lease_expiries=r["lease_expiries"],
                 failures=r["failures"],
                 in_doubt=r["in_doubt"],
                 call_in_flight=r["call_in_flight"],
-                config=config,
             )
             for r in locked
         ]
@@ -316,7 +326,7 @@ def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
                 "statuses": [d.status.value for d in decisions],
                 "failure_reasons": [d.failure_reason and d.failure_reason.value for d in decisions],
                 "in_doubts": [d.in_doubt for d in decisions],
-                "land_seconds": config.in_flight_bound_seconds,
+                "land_seconds": land_seconds,
             },
             prepare=True,
         ).fetchall()

@@ -15,7 +15,8 @@ from paycron.errors import DeadLetterActionRefused
 from paycron.limits.breaker import CircuitBreaker
 from paycron.processors.card.client import HttpGateway
 from paycron.store.db import make_pool
-from paycron.store.transitions import Claim, claim_due, reap_expired, start
+from paycron.store.transitions import Claim, claim_due, start
+from scheduler.reaper import reap_batch
 from tests.factories import insert_payment
 from tests.rows import attempts_of, payment
 
@@ -106,7 +107,7 @@ def test_a_reaped_call_in_flight_moves_the_bound(conn, config, executor):
     conn.execute(
         "UPDATE payments SET lease_until = now() - interval '1 second' WHERE id = %s", (row["id"],)
     )
-    reap_expired(conn, limit=10, config=config)
+    reap_batch(conn, limit=10, config=config)
     after = payment(conn, row["id"])
     assert after["in_doubt"] and after["in_doubt_since"] is not None
     assert bound_after(conn, row["id"]) == timedelta(seconds=config.in_flight_bound_seconds)

@@ -50,6 +50,7 @@ from paycron.processors.card.client import CallResult, Charge
 from paycron.store import transitions
 from paycron.store.db import make_pool
 from paycron.store.transitions import Claim, Finished
+from scheduler.reaper import reap_batch
 from tests.factories import insert_payment
 
 # -- The one call each of cancel and reap_expired: adapt them here ------------------
@@ -61,8 +62,9 @@ def cancel(conn, payment_id: uuid.UUID, *, actor: str) -> CancelOutcome:
 
 
 def reap(conn, config: Config) -> list[dict]:
-    """``transitions.reap_expired``: the rows it moved (id, status, in_doubt)."""
-    return transitions.reap_expired(conn, limit=100, config=config)
+    """The reaper's batch (the policy decides, ``transitions.reap_expired``
+    writes): the rows it moved (id, status, in_doubt)."""
+    return reap_batch(conn, limit=100, config=config)
 
 
 # -- The model's settings and gateway ------------------------------------------------
