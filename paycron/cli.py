@@ -17,7 +17,7 @@ from paycron.engine import dead_letters
 from paycron.errors import ConfigError, PaycronError
 from paycron.limits.pacing import CallLimiter
 from paycron.observability.sentry import init_sentry
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from paycron.store import apikeys, partitions
 from paycron.store.db import connect, make_redis
 from paycron.store.migrate import migrate as apply_migrations
@@ -220,7 +220,7 @@ def dlq_show(payment_id: str) -> None:
 
 def _dlq_action(action, payment_id: str, **kwargs) -> None:
     config = _config()
-    gateway = build_gateway(
+    gateway = build_processor(
         config,
         max_connections=1,
         call_limiter=CallLimiter(make_redis(config, timeout=2), config)

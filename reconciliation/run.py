@@ -23,7 +23,7 @@ from paycron.domain.ids import parse_payment_id
 from paycron.domain.policy import Answer
 from paycron.engine import lookups
 from paycron.errors import GatewayError
-from paycron.processors.base import Gateway
+from paycron.processors.base import Processor
 from paycron.store import transitions
 from paycron.store.payments import get_payment
 from reconciliation import store
@@ -110,7 +110,7 @@ def _repair(
 
 
 def _confirm_missing(
-    conn: Connection, gateway: Gateway, items: list[Item], tally: Counter
+    conn: Connection, gateway: Processor, items: list[Item], tally: Counter
 ) -> list[Item]:
     """Ask the gateway by reference about each COMPLETED_WITHOUT_CHARGE before
     paging: a charge made outside the three days (a re-drive's lookup days
@@ -122,7 +122,7 @@ def _confirm_missing(
             continue
         payment = get_payment(conn, item.payment_id, actor=None, with_attempts=False)
         try:
-            lookup = lookups.look_up(gateway, payment)
+            lookup = lookups.ask_processor(gateway, payment)
         except GatewayError as exc:
             kept.append(
                 Item(item.kind, item.payment_id, None, {**item.detail, "lookupError": str(exc)})
@@ -145,7 +145,7 @@ def reconcile_day(
     charges: Iterable[ReportCharge],
     *,
     source: str,
-    gateway: Gateway | None = None,
+    gateway: Processor | None = None,
 ) -> RunResult:
     """Reconcile ``day`` against ``charges`` (the reports of the day and its
     neighbours, or one file); ``gateway`` set: confirm missing charges by

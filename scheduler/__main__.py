@@ -25,7 +25,7 @@ from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter, ClaimPacer
 from paycron.observability.metrics import serve_metrics
 from paycron.observability.sentry import configure_logging, init_sentry
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from paycron.store.db import make_pool, make_redis
 from scheduler.gateway_events import GatewayEventService
 from scheduler.partition_keeper import PartitionKeeper
@@ -92,7 +92,7 @@ def build(config: Config) -> Scheduler:
         GatewayEventService(
             config=config,
             pool=events_pool,
-            gateway=build_gateway(
+            gateway=build_processor(
                 config, max_connections=4, call_limiter=CallLimiter(client, config)
             ),
         ),

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from paycron.config import Config
 from paycron.domain import policy
-from paycron.processors.base import Gateway
+from paycron.processors.base import Processor
 from paycron.store import processor_events as gateway_events
 from paycron.store.db import Pool
 from paycron.store.processor_events import SETTLING_TYPES, Result
@@ -65,7 +65,7 @@ class GatewayEventService(PeriodicService):
         *,
         config: Config,
         pool: Pool,
-        gateway: Gateway,
+        gateway: Processor,
         batch: int = BATCH,
         concurrency: int = CONCURRENCY,
     ):

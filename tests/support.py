@@ -90,7 +90,7 @@ def serve_on_loopback(
 Answer = tuple[int, dict, bytes]
 
 
-class ScriptedGateway:
+class ScriptedProcessor:
     """A gateway on loopback that answers each charge as the test says, by
     its amount: ``answers[amount]`` is an :data:`Answer` or a function of the
     request body returning one (it may block, to hold a call in flight).

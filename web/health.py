@@ -6,16 +6,16 @@ from flask import current_app
 from marshmallow import fields
 
 from web.api import Blueprint
-from web.schemas import Answer
+from web.schemas import ResponseSchema
 
 bp = Blueprint("health", __name__, description="Unauthenticated probes.")
 
 
-class HealthSchema(Answer):
+class HealthSchema(ResponseSchema):
     status = fields.String(metadata={"enum": ["ok"]})
 
 
-class ReadinessSchema(Answer):
+class ReadinessSchema(ResponseSchema):
     status = fields.String(metadata={"enum": ["ready", "unavailable"]})
     checks = fields.Dict(
         keys=fields.String(metadata={"enum": ["postgres", "redis"]}),

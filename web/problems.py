@@ -24,7 +24,7 @@ from paycron.errors import (
     RateLimited,
     ValidationFailed,
 )
-from web.schemas import Answer
+from web.schemas import ResponseSchema
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -63,7 +63,7 @@ _CODED_MESSAGES = {
 }
 
 
-class ProblemSchema(Answer):
+class ProblemSchema(ResponseSchema):
     """RFC 9457 problem details with a stable machine ``code``."""
 
     class Meta:

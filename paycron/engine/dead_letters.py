@@ -19,7 +19,7 @@ from paycron.domain.ids import due_range
 from paycron.domain.policy import Answer
 from paycron.engine import lookups
 from paycron.errors import DeadLetterActionRefused, NotFound
-from paycron.processors.base import Gateway
+from paycron.processors.base import Processor
 from paycron.sql import q
 from paycron.store import transitions
 from paycron.store.db import Connection
@@ -57,7 +57,7 @@ def _open_letter(conn: Connection, payment_id: uuid.UUID) -> dict:
 
 def redrive(
     conn: Connection,
-    gateway: Gateway,
+    gateway: Processor,
     payment_id: uuid.UUID,
     *,
     actor: str,
@@ -66,7 +66,7 @@ def redrive(
     letter = _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
     assert payment is not None  # it has an open dead letter
-    lookup = lookups.look_up(gateway, payment)
+    lookup = lookups.ask_processor(gateway, payment)
     if lookup.answer is Answer.CHARGED:
         if transitions.complete_from_gateway(
             conn,
@@ -115,7 +115,7 @@ REDRIVABLE = frozenset({"RETRIES_EXHAUSTED", "LEASE_EXPIRED_REPEATEDLY"})
 
 
 def refund(
-    conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *, actor: str
+    conn: Connection, gateway: Processor, payment_id: uuid.UUID, *, actor: str
 ) -> ActionResult:
     """Refund the payment's charge (if the processor holds one) and close its letter."""
     _open_letter(conn, payment_id)
@@ -125,7 +125,7 @@ def refund(
         raise DeadLetterActionRefused(
             "the payment waits for the processor's outcome: nothing to refund yet"
         )
-    lookup = lookups.look_up(gateway, payment)
+    lookup = lookups.ask_processor(gateway, payment)
     if lookup.answer is not Answer.CHARGED:
         raise DeadLetterActionRefused(
             "the processor holds no charge for this payment "

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from paycron.domain.policy import Lookup, judge_lookup
 from paycron.domain.processing import LookupRequest
-from paycron.processors.base import Gateway
+from paycron.processors.base import Processor
 
 #: Listed from the payment's due time less this (clock skew between us and
 #: the processor): no call of a payment is made before it is due.
@@ -34,7 +34,7 @@ def is_conclusive(payment: Mapping, now: datetime | None = None) -> bool:
     return at is None or (now or datetime.now(UTC)) >= at
 
 
-def look_up(gateway: Gateway, payment: Mapping, *, now: datetime | None = None) -> Lookup:
+def ask_processor(gateway: Processor, payment: Mapping, *, now: datetime | None = None) -> Lookup:
     """What the processor holds for ``payment`` (a row of ``payments``: id,
     amount_minor, currency, customer, due_at, in_doubt, calls_land_by).
     Raises :class:`~paycron.errors.GatewayError` when it cannot be asked."""

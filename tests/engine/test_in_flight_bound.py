@@ -13,7 +13,7 @@ from paycron.engine import dead_letters
 from paycron.engine.execution import Executor
 from paycron.errors import DeadLetterActionRefused
 from paycron.limits.breaker import CircuitBreaker
-from paycron.processors.card.client import HttpGateway
+from paycron.processors.card.client import CardProcessor
 from paycron.store.db import make_pool
 from paycron.store.transitions import Claim, claim_due, start
 from scheduler.reaper import reap_batch
@@ -27,7 +27,7 @@ REPLAYED_500 = (500, {"Idempotent-Replayed": "true"}, b'{"error": {"type": "api_
 @pytest.fixture
 def executor(config, scripted):
     pool = make_pool(config, max_size=2, name="test-bound")
-    gateway = HttpGateway(scripted.url, timeout=config.gateway_timeout_seconds)
+    gateway = CardProcessor(scripted.url, timeout=config.gateway_timeout_seconds)
     made = Executor(
         config=config,
         pool=pool,

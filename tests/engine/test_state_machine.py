@@ -44,7 +44,7 @@ from hypothesis.stateful import (
 from paycron.config import Config
 from paycron.domain.enums import CancelOutcome, EventType, FailureReason, Outcome, Status
 from paycron.domain.policy import decide
-from paycron.engine.execution import look_up
+from paycron.engine.execution import decide_by_lookup
 from paycron.errors import GatewayError
 from paycron.processors.card.client import CallResult, Charge
 from paycron.store import transitions
@@ -117,7 +117,7 @@ ANSWERS = {
 
 
 def call_result(answer: str, payment_id: uuid.UUID) -> CallResult:
-    """The CallResult HttpGateway returns for each answer (gateway_client.classify)."""
+    """The CallResult CardProcessor returns for each answer (gateway_client.classify)."""
     if answer == "succeeded":
         return CallResult(Outcome.SUCCEEDED, gateway_ref=charge_ref(payment_id))
     if answer == "declined":
@@ -219,7 +219,7 @@ class Held:
     _repr_pretty_ = Payment._repr_pretty_
 
 
-class ModelGateway:
+class ModelProcessor:
     """Lookups by reference, answered from the model's ledger (or failing)."""
 
     def __init__(self, payments: dict[uuid.UUID, Payment], *, fails: bool):
@@ -315,8 +315,10 @@ class PaymentMachine(RuleBasedStateMachine):
         """The executor's lookup before parking a payment exhausted in doubt."""
         if not done.decision.needs_lookup:
             return done
-        gateway = ModelGateway(self.payments, fails=data.draw(st.booleans(), label="lookup fails"))
-        return look_up(gateway, done)
+        gateway = ModelProcessor(
+            self.payments, fails=data.draw(st.booleans(), label="lookup fails")
+        )
+        return decide_by_lookup(gateway, done)
 
     def _current(self, held: Held) -> bool:
         payment = self.payments[held.claim.payment_id]

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from devtools.fake_gateway import STRIPE_API_KEY
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from scheduler.gateway_events import GatewayEventService
 from tests.factories import insert_payment
 from tests.inprocess import Engine
@@ -34,7 +34,7 @@ def engine(stripe_config, gateway):
 @pytest.fixture
 def service(stripe_config, engine):
     svc = GatewayEventService(
-        config=stripe_config, pool=engine.pool, gateway=build_gateway(stripe_config)
+        config=stripe_config, pool=engine.pool, gateway=build_processor(stripe_config)
     )
     yield svc
     svc.close()

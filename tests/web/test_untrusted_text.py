@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from paycron.cli import main
 from paycron.domain.enums import Outcome
 from paycron.domain.processing import ChargeRequest
-from paycron.processors.card.client import HttpGateway
+from paycron.processors.card.client import CardProcessor
 from tests.factories import insert_payment
 
 
@@ -21,7 +21,7 @@ from tests.factories import insert_payment
 def declining(scripted):
     """decline(code) -> the code as stored, after the gateway answered a
     charge 402 ``{"error": {"code": <code>}}``, the decline's wire format."""
-    client = HttpGateway(scripted.url, timeout=2)
+    client = CardProcessor(scripted.url, timeout=2)
 
     def decline(code: object) -> str:
         scripted.answers[100] = (
