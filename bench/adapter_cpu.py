@@ -27,8 +27,8 @@ from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
 from paycron.config import STRIPE_API_VERSION
 from paycron.domain.enums import Outcome
 from paycron.domain.processing import ChargeRequest
-from paycron.processors.card.client import HttpGateway
-from paycron.processors.stripe.client import StripeGateway
+from paycron.processors.card.client import CardProcessor
+from paycron.processors.stripe.client import StripeProcessor
 
 
 def cpu_seconds() -> float:
@@ -76,8 +76,8 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{port}/healthz", procs.start("gateway", gateway_args(port)))
         handle = GatewayHandle(f"http://127.0.0.1:{port}")
         handle.faults(latency_ms=args.latency_ms)
-        fake = HttpGateway(handle.url, timeout=10, max_connections=args.threads)
-        sdk = StripeGateway(
+        fake = CardProcessor(handle.url, timeout=10, max_connections=args.threads)
+        sdk = StripeProcessor(
             api_key=STRIPE_API_KEY,
             api_base=handle.stripe_url,
             api_version=STRIPE_API_VERSION,
@@ -85,8 +85,8 @@ def main() -> None:
             max_connections=args.threads,
         )
         rows = [
-            measure("fake card API, urllib3 (HttpGateway)", fake, args.charges, args.threads),
-            measure("Stripe SDK over urllib3 (StripeGateway)", sdk, args.charges, args.threads),
+            measure("fake card API, urllib3 (CardProcessor)", fake, args.charges, args.threads),
+            measure("Stripe SDK over urllib3 (StripeProcessor)", sdk, args.charges, args.threads),
         ]
         fake.close()
         sdk.close()

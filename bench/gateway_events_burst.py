@@ -35,7 +35,7 @@ from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
 from paycron.config import STRIPE_API_VERSION, Config
 from paycron.domain.ids import new_payment_id
 from paycron.limits.pacing import CallLimiter
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from paycron.store.db import connect, make_pool
 from scheduler.gateway_events import GatewayEventService
 
@@ -185,7 +185,7 @@ def main() -> None:
             service = GatewayEventService(
                 config=config,
                 pool=pool,
-                gateway=build_gateway(config, max_connections=4, call_limiter=limiter),
+                gateway=build_processor(config, max_connections=4, call_limiter=limiter),
             )
             t = time.monotonic()
             settled = 0

@@ -101,7 +101,7 @@ async def factory() -> AsyncIterator[object]:
 
     from paycron.domain.enums import Outcome
     from paycron.domain.processing import ChargeRequest
-    from paycron.processors.card.client import HttpGateway
+    from paycron.processors.card.client import CardProcessor
     from paycron.store.db import make_pool
     from paycron.store.transitions import worker_name
 
@@ -117,7 +117,7 @@ async def factory() -> AsyncIterator[object]:
         pgq = PgQueuer.from_psycopg_connection(connection)
     executor = ThreadPoolExecutor(threads, thread_name_prefix="charge")
     pool = make_pool(config, min_size=2, max_size=threads, name="pgq-bench")
-    gateway = HttpGateway(config.gateway_url, timeout=config.gateway_timeout_seconds)
+    gateway = CardProcessor(config.gateway_url, timeout=config.gateway_timeout_seconds)
     worker = worker_name()
 
     def charge_and_record(payload: bytes) -> None:

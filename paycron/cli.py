@@ -24,7 +24,7 @@ from paycron.errors import ConfigError, PaycronError
 from paycron.limits.pacing import CallLimiter
 from paycron.observability.sentry import init_sentry
 from paycron.observability.startup import EXIT_CONFIG, report
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from paycron.store import apikeys, partitions
 from paycron.store.db import connect, first_line, make_redis
 from paycron.store.migrate import migrate as apply_migrations
@@ -246,7 +246,7 @@ def _as_the_api_says(found: dict, schema: str) -> dict:
 
 def _dlq_action(action, payment_id: str, **kwargs) -> None:
     config = _config()
-    gateway = build_gateway(
+    gateway = build_processor(
         config,
         max_connections=1,
         call_limiter=CallLimiter(make_redis(config, timeout=2), config)

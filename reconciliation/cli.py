@@ -17,7 +17,7 @@ from paycron.config import Config
 from paycron.errors import ConfigError
 from paycron.limits.pacing import CallLimiter
 from paycron.observability.sentry import configure_logging, init_sentry
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from paycron.store.db import connect, make_redis
 from reconciliation.errors import ReconciliationError
 from reconciliation.report import fetch_window, read_file
@@ -67,7 +67,7 @@ def reconcile(day: str, report_file: str | None) -> None:
         if report_file is not None:
             charges, source = read_file(report_file), "file"
         else:
-            gateway = build_gateway(
+            gateway = build_processor(
                 config,
                 max_connections=4,
                 call_limiter=CallLimiter(make_redis(config, timeout=2), config)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from paycron.domain.processing import FAILED, PROCESSING, REFUNDED, SUCCEEDED, Charge
 from paycron.errors import GatewayError
-from paycron.processors.base import Gateway
+from paycron.processors.base import Processor
 from paycron.processors.card.settlement_csv import COLUMNS, MalformedReport
 from paycron.processors.card.settlement_csv import parse_report as parse_csv
 from reconciliation.errors import ReconciliationError
@@ -50,7 +50,7 @@ def window(day: date) -> list[date]:
     return [day - timedelta(days=1), day, day + timedelta(days=1)]
 
 
-def fetch_window(gateway: Gateway, day: date) -> list[Charge]:
+def fetch_window(gateway: Processor, day: date) -> list[Charge]:
     """The charges of the reports around ``day``, from the gateway."""
     charges: list[Charge] = []
     for each in window(day):

@@ -24,7 +24,7 @@ from paycron.domain.ids import parse_payment_id
 from paycron.domain.policy import Answer
 from paycron.engine import lookups
 from paycron.errors import GatewayError
-from paycron.processors.base import Gateway
+from paycron.processors.base import Processor
 from paycron.store import transitions
 from paycron.store.payments import get_payment
 from reconciliation import store
@@ -112,7 +112,7 @@ def _repair(
 
 
 def _confirm_missing(
-    conn: Connection, gateway: Gateway, items: list[Item], tally: Counter
+    conn: Connection, gateway: Processor, items: list[Item], tally: Counter
 ) -> list[Item]:
     """Ask the gateway by reference about each COMPLETED_WITHOUT_CHARGE before
     paging: a charge made outside the three days (a re-drive's lookup days
@@ -124,7 +124,7 @@ def _confirm_missing(
             continue
         payment = get_payment(conn, item.payment_id, actor=None, with_attempts=False)
         try:
-            lookup = lookups.look_up(gateway, payment)
+            lookup = lookups.ask_processor(gateway, payment)
         except GatewayError as exc:
             kept.append(
                 Item(item.kind, item.payment_id, None, {**item.detail, "lookupError": str(exc)})
@@ -139,7 +139,7 @@ def _confirm_missing(
 
 def _await(
     conn: Connection,
-    gateway: Gateway | None,
+    gateway: Processor | None,
     awaits: list[Await],
     items: list[Item],
     poll_seconds: float,
@@ -155,7 +155,7 @@ def _await(
         if payment is None:
             continue
         try:
-            lookup = lookups.look_up(gateway, payment)
+            lookup = lookups.ask_processor(gateway, payment)
         except GatewayError as exc:  # unreachable, or another processor's payment
             log.warning("reconciliation: lookup of payment=%s failed: %s", each.payment_id, exc)
             continue
@@ -195,7 +195,7 @@ def reconcile_day(
     charges: Iterable[ReportCharge],
     *,
     source: str,
-    gateway: Gateway | None = None,
+    gateway: Processor | None = None,
     poll_seconds: float = Config.gateway_poll_seconds,
 ) -> RunResult:
     """Reconcile ``day`` against ``charges`` (the reports of the day and its

@@ -26,7 +26,7 @@ from paycron.limits.pacing import CallLimiter, ClaimPacer
 from paycron.observability.metrics import serve_metrics
 from paycron.observability.sentry import configure_logging, init_sentry
 from paycron.observability.startup import one_line_errors, preflight, schema_pending
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from paycron.store.db import make_pool, make_redis
 from paycron.store.migrate import wait_until_current
 from scheduler.gateway_events import GatewayEventService
@@ -101,7 +101,7 @@ def build(config: Config) -> Scheduler:
         GatewayEventService(
             config=config,
             pool=events_pool,
-            gateway=build_gateway(
+            gateway=build_processor(
                 config, max_connections=4, call_limiter=CallLimiter(client, config)
             ),
         ),

@@ -18,13 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from psycopg_pool import ConnectionPool
-
 from paycron.config import Config
 from paycron.domain import policy
-from paycron.processors.base import Gateway
-from paycron.sql import q
+from paycron.processors.base import Processor
 from paycron.store import processor_events as gateway_events
+from paycron.store.db import Pool
 from paycron.store.processor_events import SETTLING_TYPES, Result
 from scheduler.service import PeriodicService
 
@@ -66,8 +64,8 @@ class GatewayEventService(PeriodicService):
         self,
         *,
         config: Config,
-        pool: ConnectionPool,
-        gateway: Gateway,
+        pool: Pool,
+        gateway: Processor,
         batch: int = BATCH,
         concurrency: int = CONCURRENCY,
     ):
@@ -98,14 +96,12 @@ class GatewayEventService(PeriodicService):
 
     def _apply_events(self, counts: EventCounts) -> int:
         with self.pool.connection() as conn:
-            events = conn.execute(
-                q("claim_pending_gateway_events"),
-                {
-                    "limit": self.batch,
-                    "claim_seconds": EVENT_CLAIM_SECONDS,
-                    "processor": self.gateway.name,
-                },
-            ).fetchall()
+            events = gateway_events.claim_pending(
+                conn,
+                limit=self.batch,
+                claim_seconds=EVENT_CLAIM_SECONDS,
+                processor=self.gateway.name,
+            )
         for outcome in self.calls.map(self._apply, events):
             counts.add(outcome)
         return len(events)
@@ -113,17 +109,16 @@ class GatewayEventService(PeriodicService):
     def _apply(self, event: dict) -> EventCounts:
         """One event: retrieved (no connection held meanwhile), then applied."""
         counts = EventCounts()
-        key = {"processor": event["processor"], "id": event["id"]}
         if event["type"] not in SETTLING_TYPES or not event["intent_id"]:
-            return self._done(key, Result.IGNORED, counts)
+            return self._done(event, Result.IGNORED, counts)
         if event["payment_id"] is None:
-            return self._done(key, Result.UNKNOWN_PAYMENT, counts)
+            return self._done(event, Result.UNKNOWN_PAYMENT, counts)
         try:
             charge = self.gateway.retrieve(event["intent_id"])
         except Exception as exc:  # the processor is down: the event waits
             log.warning("gateway event %s: retrieve failed (%s)", event["id"], type(exc).__name__)
             counts.failed += 1
-            return self._later(event, key, Result.NOT_YET, counts)
+            return self._later(event, Result.NOT_YET, counts)
         if charge.reference != str(event["payment_id"]):
             # Signed, but not what the processor holds: nothing changes.
             log.warning(
@@ -139,21 +134,25 @@ class GatewayEventService(PeriodicService):
                 result = gateway_events.settle(conn, event["payment_id"], charge, actor=EVENT_ACTOR)
         if result is Result.NOT_YET and event["attempts"] + 1 < EVENT_MAX_ATTEMPTS:
             counts.waiting += 1
-            return self._later(event, key, result, counts)
-        return self._done(key, result, counts)
+            return self._later(event, result, counts)
+        return self._done(event, result, counts)
 
-    def _done(self, key: dict, result: Result, counts: EventCounts) -> EventCounts:
+    def _done(self, event: dict, result: Result, counts: EventCounts) -> EventCounts:
         with self.pool.connection() as conn:
-            conn.execute(q("gateway_event_applied"), {**key, "result": result})
+            gateway_events.mark_applied(
+                conn, processor=event["processor"], event_id=event["id"], result=result
+            )
         counts.applied += 1
         counts.settled += result in (Result.COMPLETED, Result.FAILED)
         counts.paged += result is Result.PAGED
         return counts
 
-    def _later(self, event: dict, key: dict, result: Result, counts: EventCounts) -> EventCounts:
+    def _later(self, event: dict, result: Result, counts: EventCounts) -> EventCounts:
         delay = min(EVENT_RETRY_SECONDS * 2 ** min(event["attempts"], 16), EVENT_RETRY_MAX_SECONDS)
         with self.pool.connection() as conn:
-            conn.execute(q("gateway_event_later"), {**key, "result": result, "delay": delay})
+            gateway_events.apply_later(
+                conn, processor=event["processor"], event_id=event["id"], result=result, delay=delay
+            )
         return counts
 
     # ---- polls
@@ -161,15 +160,13 @@ class GatewayEventService(PeriodicService):
     def _poll(self, counts: EventCounts) -> int:
         now = datetime.now(UTC)
         with self.pool.connection() as conn:
-            due = conn.execute(
-                q("claim_due_polls"),
-                {
-                    "now": now,
-                    "limit": self.batch,
-                    "intervals": policy.poll_intervals(self.config),
-                    "processor": self.gateway.name,
-                },
-            ).fetchall()
+            due = gateway_events.claim_due_polls(
+                conn,
+                now=now,
+                limit=self.batch,
+                intervals=policy.poll_intervals(self.config),
+                processor=self.gateway.name,
+            )
         for outcome in self.calls.map(lambda row: self._poll_one(row, now), due):
             counts.add(outcome)
         return len(due)

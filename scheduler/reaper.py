@@ -8,20 +8,34 @@ answers for the lost call.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
-from psycopg_pool import ConnectionPool
-
 from paycron.config import Config
+from paycron.domain import policy
 from paycron.observability import metrics
-from paycron.store.transitions import reap_expired
+from paycron.store import transitions
+from paycron.store.db import Connection, Pool
 from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.reaper")
 
 #: Rows per reap statement; a reaper loops while batches come back full.
 REAP_BATCH = 500
+
+
+def reap_batch(conn: Connection, *, limit: int, config: Config) -> list[dict]:
+    """One batch: the store locks up to ``limit`` expired rows, the policy
+    decides where each goes, the store writes it (one transaction); the rows
+    it moved."""
+    return transitions.reap_expired(
+        conn,
+        limit=limit,
+        decide=functools.partial(policy.after_lease_expiry, config=config),
+        counts=policy.counts_expiry,
+        land_seconds=config.in_flight_bound_seconds,
+    )
 
 
 @dataclass
@@ -34,7 +48,7 @@ class ReapCounts:
 class Reaper(PeriodicService):
     name = "reaper"
 
-    def __init__(self, *, config: Config, pool: ConnectionPool, batch: int = REAP_BATCH):
+    def __init__(self, *, config: Config, pool: Pool, batch: int = REAP_BATCH):
         self.config = config  # the policy's settings (MAX_LEASE_EXPIRIES)
         # Leases are minutes long: checking as often as the sweep is plenty.
         self.interval_seconds = config.sweep_interval_seconds
@@ -45,7 +59,7 @@ class Reaper(PeriodicService):
         counts = ReapCounts()
         while True:
             with self.pool.connection() as conn:
-                rows = reap_expired(conn, limit=self.batch, config=self.config)
+                rows = reap_batch(conn, limit=self.batch, config=self.config)
             counts.reaped += len(rows)
             counts.parked += sum(1 for r in rows if r["status"] == "FAILED")
             counts.in_doubt += sum(1 for r in rows if r["in_doubt"])

@@ -12,8 +12,8 @@ import logging
 import threading
 
 from paycron.config import Config
-from paycron.sql import q
 from paycron.store.db import connect
+from paycron.store.transitions import listen_due
 
 log = logging.getLogger("paycron.wake")
 
@@ -47,7 +47,7 @@ class DueWake:
         while not stop.is_set():
             try:
                 with connect(self.config) as conn:
-                    conn.execute(q("listen_due"))
+                    listen_due(conn)
                     self.listening.set()
                     self.event.set()  # whatever was announced while not listening
                     while not stop.is_set():

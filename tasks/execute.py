@@ -20,7 +20,7 @@ from tasks.runtime import dispatcher
     queue_name=config.queue_name,
     max_retries=0,
     # The actor only admits the group (its calls run in the dispatcher's
-    # background, within the in-flight bound); the wait for room is bounded
+    # background, within the in-flight limit); the wait for room is bounded
     # by the calls ahead of it, each shorter than a lease.
     time_limit=int(config.lease_seconds * 1000),
 )

@@ -273,10 +273,10 @@ def live_server(app):
 
 @pytest.fixture
 def scripted():
-    """A gateway the test scripts (tests.support.ScriptedGateway)."""
-    from tests.support import ScriptedGateway
+    """A gateway the test scripts (tests.support.ScriptedProcessor)."""
+    from tests.support import ScriptedProcessor
 
-    with contextlib.closing(ScriptedGateway()) as gateway:
+    with contextlib.closing(ScriptedProcessor()) as gateway:
         yield gateway
 
 

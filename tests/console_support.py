@@ -1,27 +1,12 @@
-"""What the console's tests share: its settings, a clock the test moves, and
-reading a form's CSRF token out of a page."""
+"""What the console's tests share: its settings and reading a form's CSRF
+token out of a page (its clock is :class:`tests.support.Clock`)."""
 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
 
 #: 43 characters: CONSOLE_SECRET_KEY needs at least 32.
 SECRET = "console-test-secret-0123456789abcdefghijkl"
-
-
-class MovableClock:
-    """The web app's clock (``create_app(clock=...)``): real time plus
-    whatever the test has moved it by."""
-
-    def __init__(self):
-        self.offset = timedelta()
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
-
-    def advance(self, **delta) -> None:
-        self.offset += timedelta(**delta)
 
 
 def console_config(config, **changes):

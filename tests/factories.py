@@ -7,7 +7,14 @@ from datetime import datetime, timedelta
 
 from devtools.factories import bulk_insert, insert_event, insert_payment
 
-__all__ = ["add_attempt", "bulk_insert", "insert_event", "insert_payment", "park"]
+__all__ = [
+    "add_attempt",
+    "add_dead_letter",
+    "bulk_insert",
+    "insert_event",
+    "insert_payment",
+    "park",
+]
 
 
 def park(
@@ -18,12 +25,19 @@ def park(
     columns.setdefault("attempt", 6)
     columns.setdefault("failures", 6)
     row = insert_payment(conn, status="FAILED", failure_reason=reason, **columns)
+    add_dead_letter(conn, row, reason=reason, last_error=last_error)
+    return row
+
+
+def add_dead_letter(
+    conn, row: dict, *, reason: str = "RETRIES_EXHAUSTED", last_error: str | None = None
+) -> None:
+    """An open dead letter for payment ``row``, as the executor writes one."""
     conn.execute(
         "INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error) "
         "VALUES (%s, %s, %s, %s, %s)",
         (row["id"], row["due_at"], row["payer"], reason, last_error),
     )
-    return row
 
 
 def add_attempt(

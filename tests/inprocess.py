@@ -13,7 +13,7 @@ from paycron.config import Config
 from paycron.engine.execution import Executor
 from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import ClaimPacer
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from paycron.store.db import make_pool
 from paycron.store.transitions import Claim
 from scheduler.reaper import Reaper
@@ -31,7 +31,7 @@ class Engine:
         self.pool = make_pool(self.config, max_size=8, name="test-engine")
         self.redis = redis.Redis.from_url(self.config.redis_url)
         self.breaker = CircuitBreaker(self.redis, self.config, clock=self.clock)
-        self.gateway = build_gateway(self.config)
+        self.gateway = build_processor(self.config)
         self.executor = Executor(
             config=self.config,
             pool=self.pool,

@@ -1,16 +1,22 @@
 """Helpers several test files need: a clock the test moves by hand, a
-Sentry transport that keeps what it would have sent, and a gateway that
-answers as a test scripts it, over real HTTP."""
+Sentry transport that keeps what it would have sent, a webhook endpoint
+that records what it receives, and a processor that answers as a test
+scripts it, over real HTTP."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from psycopg import sql
@@ -18,17 +24,30 @@ from sentry_sdk.transport import Transport
 
 
 class Clock:
-    """Stands in for ``time.time`` where a part takes a clock
-    (``CircuitBreaker(clock=...)``): time passes only when the test says."""
+    """The one clock tests hand to a part that takes one.
 
-    def __init__(self, start: float | None = None):
-        self.now = time.time() if start is None else start
+    ``clock()`` is seconds, for ``time.time``/``time.monotonic`` parameters
+    (``CircuitBreaker(clock=...)``, ``PrincipalCache(monotonic=...)``);
+    ``clock.utc`` is the same instant as an aware UTC datetime, for
+    ``create_app(clock=clock.utc)``. Stopped (the default), time passes only
+    when the test advances it; ``running=True``, it is real time plus what
+    the test advanced (for a server a browser drives, whose sessions age
+    while the test runs)."""
+
+    def __init__(self, start: float | None = None, *, running: bool = False):
+        self.running = running
+        self.base = time.time() if start is None else start
+        self.offset = 0.0
 
     def __call__(self) -> float:
-        return self.now
+        return (time.time() if self.running else self.base) + self.offset
 
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+    def utc(self) -> datetime:
+        return datetime.fromtimestamp(self(), UTC)
+
+    def advance(self, seconds: float = 0.0, **delta: float) -> None:
+        """Move time on by ``seconds`` plus ``timedelta(**delta)`` (minutes=61)."""
+        self.offset += seconds + timedelta(**delta).total_seconds()
 
 
 class CapturingTransport(Transport):
@@ -74,6 +93,113 @@ class QuietHandler(BaseHTTPRequestHandler):
         pass
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """One POST a :class:`WebhookReceiver` received, and how it answered."""
+
+    at: float  # time.monotonic() when it arrived
+    path: str  # the request target: path and query
+    headers: Message  # read case-insensitively, as HTTP names are
+    body: bytes
+    status: int
+    verified: Any = None  # what the receiver's ``verify`` said of it, as it arrived
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class WebhookReceiver:
+    """The webhook endpoint of every test: a real HTTP/1.1 server (keep-alive,
+    as real receivers are) in the test process that records each POST as a
+    :class:`Delivery`.
+
+    It answers the statuses in ``statuses`` in turn (a test may queue more at
+    any time), then 200; ``hang_seconds`` holds every answer that long, or
+    until :meth:`close`. ``verify(headers, body)``, when set, runs as each
+    delivery arrives (a signature check with the secret of that moment).
+    ``tls``: it serves HTTPS and records the server name each handshake asked
+    for in ``server_names``. ``host``/``port``: where it listens (loopback)."""
+
+    def __init__(
+        self,
+        *,
+        statuses: Iterable[int] = (),
+        hang_seconds: float = 0.0,
+        path: str = "/hooks",
+        tls: ssl.SSLContext | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
+        self.statuses = list(statuses)
+        self.hang_seconds = hang_seconds
+        self.path = path
+        self.verify: Callable[[Message, bytes], Any] | None = None
+        self.deliveries: list[Delivery] = []
+        self.server_names: list[str | None] = []
+        self._changed = threading.Condition()
+        self._released = threading.Event()
+        receiver = self
+
+        class Handler(QuietHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status = receiver._received(self.path, self.headers, body)
+                if receiver.hang_seconds:
+                    receiver._released.wait(receiver.hang_seconds)
+                self.answer(status, b"ok")
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.server.block_on_close = False
+        if tls is not None:
+            tls.sni_callback = lambda sock, name, context: self.server_names.append(name)
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        self._base = f"{'https' if tls is not None else 'http'}://{host}"
+
+    def _received(self, target: str, headers: Message, body: bytes) -> int:
+        verified = self.verify(headers, body) if self.verify else None
+        with self._changed:
+            status = self.statuses.pop(0) if self.statuses else 200
+            self.deliveries.append(
+                Delivery(time.monotonic(), target, headers, body, status, verified)
+            )
+            self._changed.notify_all()
+        return status
+
+    @property
+    def port(self) -> int:
+        return self.server.server_port
+
+    @property
+    def url(self) -> str:
+        return f"{self._base}:{self.port}{self.path}"
+
+    def events(self, *, answered_ok: bool = False) -> list[Any]:
+        """The bodies received, parsed, in arrival order (only those answered
+        2xx when ``answered_ok``)."""
+        with self._changed:
+            return [d.json() for d in self.deliveries if not answered_ok or d.status < 300]
+
+    def wait_for(self, count: int, timeout: float = 5.0) -> list[Delivery]:
+        """The first ``count`` deliveries, once they have arrived."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self.deliveries) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"{len(self.deliveries)} deliveries, wanted {count}")
+                self._changed.wait(left)
+            return list(self.deliveries[:count])
+
+    def close(self) -> None:
+        self._released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def serve_on_loopback(
     handler: type[BaseHTTPRequestHandler], *, host: str = "127.0.0.1", port: int = 0
 ) -> ThreadingHTTPServer:
@@ -90,7 +216,7 @@ def serve_on_loopback(
 Answer = tuple[int, dict, bytes]
 
 
-class ScriptedGateway:
+class ScriptedProcessor:
     """A gateway on loopback that answers each charge as the test says, by
     its amount: ``answers[amount]`` is an :data:`Answer` or a function of the
     request body returning one (it may block, to hold a call in flight).

@@ -12,7 +12,7 @@ from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter
 from paycron.limits.rate_limits import ActorRateLimiter
 from paycron.observability.sentry import init_sentry
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from paycron.store.apikeys import PrincipalCache
 from paycron.store.db import make_pool, make_redis
 from web import admin, console, events, gateway_events, health, metrics, payments, webhooks
@@ -42,7 +42,7 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     # Short command timeouts: a readiness probe must answer while Redis hangs.
     app.extensions["paycron.redis"] = make_redis(config, timeout=2)
     # Only the admin dead-letter actions ask the gateway, one at a time.
-    app.extensions["paycron.gateway"] = build_gateway(
+    app.extensions["paycron.gateway"] = build_processor(
         config, max_connections=4, call_limiter=CallLimiter(app.extensions["paycron.redis"], config)
     )
     app.extensions["paycron.rate_limiter"] = ActorRateLimiter(

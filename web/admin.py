@@ -16,7 +16,7 @@ from paycron.engine import dead_letters
 from web.api import Blueprint
 from web.auth import require_admin
 from web.problems import NOT_JSON, TOO_LARGE, problem
-from web.schemas import NO_NUL, Answer, PathId, PaymentSchema, Strict, unicode_text
+from web.schemas import NO_NUL, PathId, PaymentSchema, ResponseSchema, Strict, unicode_text
 
 bp = Blueprint(
     "admin",
@@ -53,7 +53,7 @@ class DismissSchema(Strict):
     )
 
 
-class DeadLetterSchema(Answer):
+class DeadLetterSchema(ResponseSchema):
     class Meta:
         # The open list leaves out what an open letter cannot have yet.
         optional = ("resolution", "resolved_by", "resolved_at", "note")
@@ -68,16 +68,16 @@ class DeadLetterSchema(Answer):
     note = fields.String(allow_none=True)
 
 
-class DeadLetterPageSchema(Answer):
+class DeadLetterPageSchema(ResponseSchema):
     data = fields.List(fields.Nested(DeadLetterSchema))
 
 
-class DeadLetterDetailSchema(Answer):
+class DeadLetterDetailSchema(ResponseSchema):
     payment = fields.Nested(PaymentSchema)
     dead_letters = fields.List(fields.Nested(DeadLetterSchema), data_key="deadLetters")
 
 
-class DeadLetterActionSchema(Answer):
+class DeadLetterActionSchema(ResponseSchema):
     """The answer of redrive, refund and dismiss."""
 
     payment_id = fields.UUID(data_key="paymentId")

@@ -15,7 +15,7 @@ from paycron.store.events import Position
 from web.api import Blueprint
 from web.auth import require_key
 from web.problems import problem
-from web.schemas import Answer, Cursor, Strict
+from web.schemas import Cursor, ResponseSchema, Strict
 
 bp = Blueprint(
     "events",
@@ -45,7 +45,7 @@ class FeedQuerySchema(Strict):
     )
 
 
-class EventSchema(Answer):
+class EventSchema(ResponseSchema):
     """One entry of the feed; webhooks POST the same (``paycron.store.events.to_wire``)."""
 
     id = fields.Integer()
@@ -57,7 +57,7 @@ class EventSchema(Answer):
     created_at = fields.AwareDateTime(data_key="createdAt")
 
 
-class EventPageSchema(Answer):
+class EventPageSchema(ResponseSchema):
     data = fields.List(fields.Nested(EventSchema))
     next_cursor = _cursor(
         data_key="nextCursor",

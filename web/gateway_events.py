@@ -20,7 +20,7 @@ from marshmallow import fields
 from paycron.store import processor_events as gateway_events
 from web.api import Blueprint
 from web.problems import Problem, problem
-from web.schemas import Answer
+from web.schemas import ResponseSchema
 
 bp = Blueprint(
     "gateway_events",
@@ -32,7 +32,7 @@ bp = Blueprint(
 SIGNATURE_TOLERANCE_SECONDS = 300
 
 
-class ReceivedSchema(Answer):
+class ReceivedSchema(ResponseSchema):
     received = fields.Boolean(metadata={"enum": [True]})
     duplicate = fields.Boolean()
 

@@ -7,16 +7,16 @@ from marshmallow import fields
 
 from paycron.store.migrate import describe_pending, pending_migrations
 from web.api import Blueprint
-from web.schemas import Answer
+from web.schemas import ResponseSchema
 
 bp = Blueprint("health", __name__, description="Unauthenticated probes.")
 
 
-class HealthSchema(Answer):
+class HealthSchema(ResponseSchema):
     status = fields.String(metadata={"enum": ["ok"]})
 
 
-class ReadinessSchema(Answer):
+class ReadinessSchema(ResponseSchema):
     status = fields.String(metadata={"enum": ["ready", "unavailable"]})
     checks = fields.Dict(
         keys=fields.String(metadata={"enum": ["postgres", "redis", "schema"]}),

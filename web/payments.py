@@ -43,12 +43,12 @@ from web.problems import (
 )
 from web.schemas import (
     NO_NUL,
-    Answer,
     Cursor,
     MinorUnits,
     PathId,
     PaymentSchema,
     PaymentSummarySchema,
+    ResponseSchema,
     Strict,
     unicode_text,
 )
@@ -313,7 +313,7 @@ class ListQuerySchema(Strict):
     )
 
 
-class PaymentPageSchema(Answer):
+class PaymentPageSchema(ResponseSchema):
     data = fields.List(fields.Nested(PaymentSummarySchema))
     next_cursor = Cursor(
         datetime,
@@ -324,7 +324,7 @@ class PaymentPageSchema(Answer):
     )
 
 
-class CancelledSchema(Answer):
+class CancelledSchema(ResponseSchema):
     id = fields.UUID()
     status = fields.String(metadata={"enum": [Status.CANCELLED.value]})
 

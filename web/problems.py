@@ -31,7 +31,7 @@ from paycron.errors import (
     ValidationFailed,
 )
 from paycron.store.migrate import describe_pending, pending_migrations
-from web.schemas import Answer
+from web.schemas import ResponseSchema
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -70,7 +70,7 @@ _CODED_MESSAGES = {
 }
 
 
-class ProblemSchema(Answer):
+class ProblemSchema(ResponseSchema):
     """RFC 9457 problem details with a stable machine ``code``."""
 
     class Meta:

@@ -47,7 +47,7 @@ class Strict(Schema):
         unknown = RAISE
 
 
-class Answer(Schema):
+class ResponseSchema(Schema):
     """A response body. Every property is always there (null where empty), so
     the document lists every one as required, except those ``Meta.optional``
     names: ``required`` is what apispec reads, and dumping ignores it."""
@@ -155,7 +155,7 @@ class Cursor(fields.String):
         return self.decode(text) if text else None
 
 
-class AttemptSchema(Answer):
+class AttemptSchema(ResponseSchema):
     attempt = fields.Integer()
     started_at = fields.AwareDateTime(data_key="startedAt")
     finished_at = fields.AwareDateTime(data_key="finishedAt", allow_none=True)
@@ -164,7 +164,7 @@ class AttemptSchema(Answer):
     gateway_ref = fields.String(data_key="gatewayRef", allow_none=True)
 
 
-class PaymentSchema(Answer):
+class PaymentSchema(ResponseSchema):
     id = fields.UUID()
     payer = fields.String()
     payee = fields.String()

@@ -17,7 +17,7 @@ from paycron.store import webhooks
 from web.api import Blueprint, links
 from web.auth import require_key
 from web.problems import NOT_JSON, TOO_LARGE, problem
-from web.schemas import Answer, Cursor, PathId, Strict, parse_uuid, unicode_text
+from web.schemas import Cursor, PathId, ResponseSchema, Strict, parse_uuid, unicode_text
 
 bp = Blueprint(
     "webhooks",
@@ -44,7 +44,7 @@ class EndpointPath(Schema):
     endpoint_id = PathId(parse_uuid, "no such webhook endpoint")
 
 
-class WebhookEndpointSchema(Answer):
+class WebhookEndpointSchema(ResponseSchema):
     id = fields.UUID()
     url = fields.Url()
     created_at = fields.AwareDateTime(data_key="createdAt")
@@ -71,7 +71,7 @@ class EndpointListQuerySchema(Strict):
     )
 
 
-class WebhookEndpointPageSchema(Answer):
+class WebhookEndpointPageSchema(ResponseSchema):
     data = fields.List(fields.Nested(WebhookEndpointSchema))
     next_cursor = Cursor(
         datetime,

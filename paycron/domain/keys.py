@@ -2,8 +2,9 @@
 
 A payment starts at key generation 1, whose key is the payment id itself;
 a payment the processor is known not to hold a charge for may move to the
-next generation, ``<id>:<n>``. The schema computes the same key in SQL
-(``paycron_idempotency_key``), and a test holds the two together.
+next generation, ``<id>:<n>``. Every SQL statement that writes a key calls
+the schema's ``paycron_idempotency_key(payment_id, generation)`` (migration
+012), and tests/store/test_idempotency_key.py holds the two together.
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def decide(
         delay=backoff(failures, config, rng),
         failures=failures,
         in_doubt=in_doubt,
-        needs_lookup=result.look_up,
+        needs_lookup=result.lookup_first,
     )
 
 

@@ -49,7 +49,7 @@ class CallResult:
     retry_decline: bool = False
     failure_reason: FailureReason | None = None
     replayed: bool = False  # the processor's stored answer to an earlier call with the key
-    look_up: bool = False  # resolve by lookup before calling again (a stored 5xx)
+    lookup_first: bool = False  # resolve by lookup before calling again (a stored 5xx)
 
     @property
     def may_land(self) -> bool:

@@ -19,7 +19,7 @@ from paycron.domain.ids import due_range
 from paycron.domain.policy import Answer, Lookup
 from paycron.engine import lookups
 from paycron.errors import DeadLetterActionRefused, NotFound, OtherProcessor
-from paycron.processors.base import Gateway
+from paycron.processors.base import Processor
 from paycron.sql import q
 from paycron.store import transitions
 from paycron.store.db import Connection
@@ -57,7 +57,7 @@ def _open_letter(conn: Connection, payment_id: uuid.UUID) -> dict:
 
 def redrive(
     conn: Connection,
-    gateway: Gateway,
+    gateway: Processor,
     payment_id: uuid.UUID,
     *,
     actor: str,
@@ -66,7 +66,7 @@ def redrive(
     letter = _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
     assert payment is not None  # it has an open dead letter
-    lookup = _look_up(gateway, payment)
+    lookup = _ask(gateway, payment)
     if lookup.answer is Answer.CHARGED:
         if transitions.complete_from_gateway(
             conn,
@@ -116,11 +116,11 @@ def redrive(
     )
 
 
-def _look_up(gateway: Gateway, payment: dict) -> Lookup:
+def _ask(gateway: Processor, payment: dict) -> Lookup:
     """The lookup a human action stands on; refused, not guessed, when this
     process is configured for another processor than the payment's."""
     try:
-        return lookups.look_up(gateway, payment)
+        return lookups.ask_processor(gateway, payment)
     except OtherProcessor as exc:
         raise DeadLetterActionRefused(str(exc)) from None
 
@@ -131,7 +131,7 @@ REDRIVABLE = frozenset({"RETRIES_EXHAUSTED", "LEASE_EXPIRED_REPEATEDLY"})
 
 def refund(
     conn: Connection,
-    gateway: Gateway,
+    gateway: Processor,
     payment_id: uuid.UUID,
     *,
     actor: str,
@@ -147,7 +147,7 @@ def refund(
         raise DeadLetterActionRefused(
             "the payment waits for the processor's outcome: nothing to refund yet"
         )
-    lookup = _look_up(gateway, payment)
+    lookup = _ask(gateway, payment)
     if lookup.answer is Answer.PROCESSING:
         # A debit still processing (a payment parked in doubt): it waits for
         # the processor's outcome like any other, polled until it settles.

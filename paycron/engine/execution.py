@@ -32,7 +32,7 @@ from paycron.engine import lookups
 from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import CallLimiter
 from paycron.observability import metrics
-from paycron.processors.base import Gateway
+from paycron.processors.base import Processor
 from paycron.store.db import Pool
 from paycron.store.transitions import Claim, Finished, finish, release, start
 
@@ -67,7 +67,7 @@ PARKED_REASONS = frozenset(
 MIN_SEND_SECONDS = 1.0
 
 
-def look_up(gateway: Gateway, done: Finished) -> Finished:
+def decide_by_lookup(gateway: Processor, done: Finished) -> Finished:
     """A payment whose calls may have charged (exhausted in doubt, ten "key in
     use" answers in a row, a rejected request in doubt) is asked about by
     reference before its decision is written; :func:`policy.after_lookup`
@@ -93,11 +93,11 @@ def _found(lookup: policy.Lookup) -> CallResult | None:
     return None
 
 
-def _ask(gateway: Gateway, row: dict, *, in_doubt: bool) -> policy.Lookup:
+def _ask(gateway: Processor, row: dict, *, in_doubt: bool) -> policy.Lookup:
     """The lookup of one payment row (conclusive as the row's in-flight bound
     says), logging what must be paged; an error is an inconclusive *none*."""
     try:
-        lookup = lookups.look_up(gateway, {**row, "in_doubt": in_doubt})
+        lookup = lookups.ask_processor(gateway, {**row, "in_doubt": in_doubt})
     except Exception as exc:  # unreachable or an absurd answer: proves nothing
         log.warning("lookup failed for %s: %s", row["id"], type(exc).__name__)
         return policy.Lookup(Answer.NONE, conclusive=False)
@@ -121,7 +121,7 @@ class Executor:
     """Runs groups of claims against the gateway. One per worker process.
 
     ``calls`` runs a batch's calls side by side (a thread pool as large as
-    the process's in-flight bound); without it they run one after another.
+    the process's in-flight limit); without it they run one after another.
     ``on_latency`` hears every call's duration (the in-flight sizing).
     """
 
@@ -130,7 +130,7 @@ class Executor:
         *,
         config: Config,
         pool: Pool,
-        gateway: Gateway,
+        gateway: Processor,
         breaker: CircuitBreaker,
         call_limiter: CallLimiter | None,
         worker: str | None = None,
@@ -188,7 +188,7 @@ class Executor:
         counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
         for i, item in enumerate(done):
             if item.decision.needs_lookup:
-                done[i] = look_up(self.gateway, item)
+                done[i] = decide_by_lookup(self.gateway, item)
                 counts.looked_up += 1
         recorded = finish(
             self.pool,

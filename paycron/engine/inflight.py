@@ -6,7 +6,7 @@ that waits on each call in turn reaches a 500/s ceiling at 300 ms only with
 from the ceiling and the latency it observes (an exponentially weighted
 mean), with headroom, bounded by ``GATEWAY_MAX_IN_FLIGHT``.
 :class:`Dispatcher` runs each message's group in the background within
-that bound, so a Dramatiq thread only admits work: the in-flight count no
+that limit, so a Dramatiq thread only admits work: the in-flight count no
 longer depends on the thread count. Holding more than the ceiling needs is
 harmless (the shared per-second window still paces every call); holding
 less is what made a spike drain 10x slower than the ceiling allowed.

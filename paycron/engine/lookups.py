@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from paycron.domain.policy import Lookup, judge_lookup
 from paycron.domain.processing import LookupRequest
 from paycron.errors import OtherProcessor
-from paycron.processors.base import Gateway
+from paycron.processors.base import Processor
 
 #: Listed from the payment's due time less this (clock skew between us and
 #: the processor): no call of a payment is made before it is due.
@@ -42,7 +42,7 @@ def is_conclusive(payment: Mapping, now: datetime | None = None) -> bool:
     return at is not None and (now or datetime.now(UTC)) >= at
 
 
-def check_processor(gateway: Gateway, payment: Mapping) -> None:
+def check_processor(gateway: Processor, payment: Mapping) -> None:
     """Only the processor that saw a payment's calls can say what it holds:
     another processor's "nothing" is no answer, and taking it for one would
     move the key on and charge again. Raises
@@ -53,7 +53,7 @@ def check_processor(gateway: Gateway, payment: Mapping) -> None:
         raise OtherProcessor(own, gateway.name)
 
 
-def look_up(gateway: Gateway, payment: Mapping, *, now: datetime | None = None) -> Lookup:
+def ask_processor(gateway: Processor, payment: Mapping, *, now: datetime | None = None) -> Lookup:
     """What the processor holds for ``payment`` (a row of ``payments``: id,
     amount_minor, currency, customer, due_at, in_doubt, calls_land_by,
     processor). Raises :class:`~paycron.errors.GatewayError` when it cannot

@@ -3,7 +3,7 @@
 Execution, dead letters and reconciliation speak only this; each processor
 is one sub-package implementing it (:mod:`paycron.processors.card`,
 :mod:`paycron.processors.stripe`), built by
-:func:`paycron.processors.factory.build_gateway` in a process's composition
+:func:`paycron.processors.factory.build_processor` in a process's composition
 root. The requests and answers it carries are the domain's values
 (:mod:`paycron.domain.processing`).
 """
@@ -16,7 +16,7 @@ from typing import Protocol
 from paycron.domain.processing import CallResult, Charge, ChargeRequest, LookupRequest, Refund
 
 
-class Gateway(Protocol):
+class Processor(Protocol):
     #: The processor's name, recorded on every payment it is called for.
     name: str
 

@@ -11,26 +11,26 @@ import redis
 
 from paycron.config import Config
 from paycron.limits.pacing import CallLimiter
-from paycron.processors.base import Gateway
+from paycron.processors.base import Processor
 
 log = logging.getLogger("paycron.gateway")
 
 
-def build_gateway(
+def build_processor(
     config: Config, *, max_connections: int = 64, call_limiter: CallLimiter | None = None
-) -> Gateway:
+) -> Processor:
     """The processor adapter this configuration names, for a composition root.
     ``call_limiter``: the shared per-second window every request that is not
     a charge (lookups, refunds, report pages) takes a token from."""
     if config.gateway == "stripe":
-        from paycron.processors.stripe.client import StripeGateway
+        from paycron.processors.stripe.client import StripeProcessor
 
-        return StripeGateway.from_config(
+        return StripeProcessor.from_config(
             config, max_connections=max_connections, take_token=_token_taker(call_limiter)
         )
-    from paycron.processors.card.client import HttpGateway
+    from paycron.processors.card.client import CardProcessor
 
-    return HttpGateway(
+    return CardProcessor(
         config.gateway_url, timeout=config.gateway_timeout_seconds, max_connections=max_connections
     )
 

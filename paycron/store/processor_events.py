@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from enum import StrEnum
 
 from paycron.domain.enums import Status
@@ -70,6 +71,47 @@ def store(conn: Connection, *, processor: str, event: Mapping) -> bool:
         },
     ).fetchone()
     return row is not None
+
+
+def claim_pending(
+    conn: Connection, *, limit: int, claim_seconds: float, processor: str
+) -> list[dict]:
+    """Up to ``limit`` stored events of ``processor`` due to be applied,
+    oldest first, each claimed for ``claim_seconds`` (committed before the
+    processor is asked)."""
+    return conn.execute(
+        q("claim_pending_gateway_events"),
+        {"limit": limit, "claim_seconds": claim_seconds, "processor": processor},
+    ).fetchall()
+
+
+def mark_applied(conn: Connection, *, processor: str, event_id: str, result: Result) -> None:
+    """The event is done with: applied, or found to need nothing (``result`` says which)."""
+    conn.execute(
+        q("gateway_event_applied"), {"processor": processor, "id": event_id, "result": result}
+    )
+
+
+def apply_later(
+    conn: Connection, *, processor: str, event_id: str, result: Result, delay: float
+) -> None:
+    """The event cannot apply yet: tried again in ``delay`` seconds."""
+    conn.execute(
+        q("gateway_event_later"),
+        {"processor": processor, "id": event_id, "result": result, "delay": delay},
+    )
+
+
+def claim_due_polls(
+    conn: Connection, *, now: datetime, limit: int, intervals: Sequence[float], processor: str
+) -> list[dict]:
+    """Up to ``limit`` waiting payments of ``processor`` whose next poll is
+    due, each claimed by moving its next poll out by the next of
+    ``intervals`` (by polls so far), committed before the processor is asked."""
+    return conn.execute(
+        q("claim_due_polls"),
+        {"now": now, "limit": limit, "intervals": list(intervals), "processor": processor},
+    ).fetchall()
 
 
 def _recorded_refs(payment: Mapping) -> set[str]:

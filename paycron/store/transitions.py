@@ -10,14 +10,13 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import psycopg
 
-from paycron.config import Config
-from paycron.domain import policy
 from paycron.domain.enums import CancelOutcome, Outcome, Status
 from paycron.domain.ids import due_range
 from paycron.domain.policy import Decision
@@ -376,10 +375,28 @@ def _complete_late(conn: Connection, late: Sequence[Finished]) -> None:
         log_transition(r["id"], Status.FAILED, Status.COMPLETED, reason="late_success")
 
 
-def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
-    """PROCESSING rows past their lease -> the state :func:`policy.after_lease_expiry`
-    decides (PENDING, in doubt if a call was in flight; or FAILED
-    ``LEASE_EXPIRED_REPEATEDLY``). Lock, decide, write: one transaction."""
+class LeaseExpiryRule(Protocol):
+    """Where a PROCESSING row whose lease ran out goes: the caller's policy
+    (:func:`paycron.domain.policy.after_lease_expiry` with its settings)."""
+
+    def __call__(
+        self, *, lease_expiries: int, failures: int, in_doubt: bool, call_in_flight: bool
+    ) -> Decision: ...
+
+
+def reap_expired(
+    conn: Connection,
+    *,
+    limit: int,
+    decide: LeaseExpiryRule,
+    counts: Callable[[bool], bool],
+    land_seconds: float,
+) -> list[dict]:
+    """PROCESSING rows past their lease -> the state ``decide`` gives each
+    (PENDING, in doubt if a call was in flight; or FAILED
+    ``LEASE_EXPIRED_REPEATEDLY``). Lock, decide, write: one transaction.
+    ``counts(call_in_flight)``: whether the expiry counts toward parking;
+    ``land_seconds``: a call in flight may land until this long from now."""
     with conn.transaction():
         locked = conn.execute(
             q("lock_expired"),
@@ -389,12 +406,11 @@ def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
         if not locked:
             return []
         decisions = [
-            policy.after_lease_expiry(
+            decide(
                 lease_expiries=r["lease_expiries"],
                 failures=r["failures"],
                 in_doubt=r["in_doubt"],
                 call_in_flight=r["call_in_flight"],
-                config=config,
             )
             for r in locked
         ]
@@ -407,8 +423,8 @@ def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
                 "statuses": [d.status.value for d in decisions],
                 "failure_reasons": [d.failure_reason and d.failure_reason.value for d in decisions],
                 "in_doubts": [d.in_doubt for d in decisions],
-                "counteds": [policy.counts_expiry(r["call_in_flight"]) for r in locked],
-                "land_seconds": config.in_flight_bound_seconds,
+                "counteds": [counts(r["call_in_flight"]) for r in locked],
+                "land_seconds": land_seconds,
             },
             prepare=True,
         ).fetchall()
@@ -514,3 +530,9 @@ def settle_awaiting(
     if row is not None:
         log_transition(payment_id, Status.AWAITING_GATEWAY, status, intent=intent, by=actor)
     return row is not None
+
+
+def listen_due(conn: Connection) -> None:
+    """Subscribe ``conn`` to the notice a create sends when a payment falls
+    due within the sweep interval (the scheduler's prompt start)."""
+    conn.execute(q("listen_due"))

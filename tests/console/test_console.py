@@ -14,9 +14,10 @@ import pytest
 from paycron.config import Config
 from paycron.errors import ConfigError
 from paycron.store import apikeys
-from tests.console_support import SECRET, MovableClock, console_config, csrf_of
+from tests.console_support import SECRET, console_config, csrf_of
 from tests.factories import add_attempt, insert_payment, park
 from tests.rows import letter, payment
+from tests.support import Clock
 
 PAGES = [
     "/console/",
@@ -30,14 +31,14 @@ PAGES = [
 
 @pytest.fixture
 def clock():
-    return MovableClock()
+    return Clock(running=True)
 
 
 @pytest.fixture
 def console(config, clock):
     from web import create_app
 
-    app = create_app(console_config(config), clock=clock)
+    app = create_app(console_config(config), clock=clock.utc)
     yield app
     app.extensions["paycron.pool"].close()
 

@@ -47,7 +47,7 @@ SPREAD = 1.5
 #: Seeded draws per row: the delay is random, its bounds are not.
 SEEDS = range(50)
 
-#: Each call answer as HttpGateway returns it (paycron.processors.card.client), and the
+#: Each call answer as CardProcessor returns it (paycron.processors.card.client), and the
 #: executor's own NOT_SENT (the lease was too short to send the call).
 ANSWERS = {
     "succeeded": CallResult(Outcome.SUCCEEDED, gateway_ref="ch_1"),

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from paycron.engine import dead_letters
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from paycron.store.db import make_pool
 from reconciliation.report import fetch_window
 from reconciliation.run import reconcile_day
@@ -29,7 +29,7 @@ CUSTOMER = "cus_slow_bank"
 @pytest.fixture
 def stripe(stripe_config, gateway):
     gateway.stripe(settle_delay_ms=3_600_000)  # settled when the test says so
-    adapter = build_gateway(stripe_config)
+    adapter = build_processor(stripe_config)
     yield adapter
     adapter.close()
 
@@ -66,7 +66,7 @@ def settle_and_poll(conn, gateway, stripe_config, row, intent) -> None:
     conn.execute("UPDATE payments SET next_poll_at = now() WHERE id = %s", (row["id"],))
     pool = make_pool(stripe_config, max_size=2, name="test-awaiting-after-doubt")
     service = GatewayEventService(
-        config=stripe_config, pool=pool, gateway=build_gateway(stripe_config)
+        config=stripe_config, pool=pool, gateway=build_processor(stripe_config)
     )
     try:
         service.run_once()

@@ -16,7 +16,7 @@ from paycron.domain.policy import KEY_IN_USE_LOOKUP_AFTER
 from paycron.engine.execution import Executor
 from paycron.engine.inflight import HEADROOM, Dispatcher, InFlightLimit
 from paycron.limits.breaker import CircuitBreaker
-from paycron.processors.card.client import HttpGateway
+from paycron.processors.card.client import CardProcessor
 from paycron.store.db import make_pool
 from paycron.store.transitions import claim_due
 from tests.factories import insert_payment
@@ -25,7 +25,7 @@ from tests.rows import attempts_of, payment
 OK = (200, {}, b'{"id": "ch_1"}')
 
 
-class RecordingGateway(HttpGateway):
+class RecordingProcessor(CardProcessor):
     """The real client, noting the timeout each charge was given."""
 
     def __init__(self, *args, **kwargs):
@@ -43,7 +43,7 @@ def make_executor(config, scripted):
 
     def make(*, calls=None, clock=None, **kwargs) -> Executor:
         pool = make_pool(config, max_size=2, name="test-in-flight")
-        gateway = RecordingGateway(scripted.url, timeout=config.gateway_timeout_seconds)
+        gateway = RecordingProcessor(scripted.url, timeout=config.gateway_timeout_seconds)
         extra = {"clock": clock} if clock else {}
         executor = Executor(
             config=config,

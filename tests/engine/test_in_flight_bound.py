@@ -13,9 +13,10 @@ from paycron.engine import dead_letters
 from paycron.engine.execution import Executor
 from paycron.errors import DeadLetterActionRefused, GatewayError
 from paycron.limits.breaker import CircuitBreaker
-from paycron.processors.card.client import HttpGateway
+from paycron.processors.card.client import CardProcessor
 from paycron.store.db import make_pool
-from paycron.store.transitions import Claim, claim_due, reap_expired, start
+from paycron.store.transitions import Claim, claim_due, start
+from scheduler.reaper import reap_batch
 from tests.factories import insert_payment
 from tests.rows import attempts_of, payment
 
@@ -26,7 +27,7 @@ REPLAYED_500 = (500, {"Idempotent-Replayed": "true"}, b'{"error": {"type": "api_
 @pytest.fixture
 def executor(config, scripted):
     pool = make_pool(config, max_size=2, name="test-bound")
-    gateway = HttpGateway(scripted.url, timeout=config.gateway_timeout_seconds)
+    gateway = CardProcessor(scripted.url, timeout=config.gateway_timeout_seconds)
     made = Executor(
         config=config,
         pool=pool,
@@ -106,7 +107,7 @@ def test_a_reaped_call_in_flight_moves_the_bound(conn, config, executor):
     conn.execute(
         "UPDATE payments SET lease_until = now() - interval '1 second' WHERE id = %s", (row["id"],)
     )
-    reap_expired(conn, limit=10, config=config)
+    reap_batch(conn, limit=10, config=config)
     after = payment(conn, row["id"])
     assert after["in_doubt"] and after["in_doubt_since"] is not None
     assert bound_after(conn, row["id"]) == timedelta(seconds=config.in_flight_bound_seconds)
@@ -236,7 +237,7 @@ def test_a_doubt_without_a_bound_is_never_conclusive(conn, config, scripted):
         "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
         (row["id"], row["due_at"], row["payer"]),
     )
-    gateway = HttpGateway(scripted.url, timeout=config.gateway_timeout_seconds)
+    gateway = CardProcessor(scripted.url, timeout=config.gateway_timeout_seconds)
     try:
         with pytest.raises(DeadLetterActionRefused, match="not known"):
             dead_letters.redrive(conn, gateway, row["id"], actor="ops")

@@ -15,7 +15,7 @@ import pytest
 
 from paycron.engine import dead_letters, lookups
 from paycron.errors import DeadLetterActionRefused, OtherProcessor
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from paycron.store import transitions
 from paycron.store.db import make_pool
 from scheduler.gateway_events import GatewayEventService
@@ -58,14 +58,14 @@ def parked_at_stripe(conn) -> dict:
 @pytest.fixture
 def fake(config, gateway):
     """The processor adapter of a process left at ``GATEWAY=fake``."""
-    adapter = build_gateway(config)
+    adapter = build_processor(config)
     yield adapter
     adapter.close()
 
 
 @pytest.fixture
 def stripe(stripe_config):
-    adapter = build_gateway(stripe_config)
+    adapter = build_processor(stripe_config)
     yield adapter
     adapter.close()
 
@@ -97,7 +97,7 @@ def test_a_redrive_from_a_process_of_another_processor_is_refused(
 def test_a_lookup_at_another_processor_raises_instead_of_answering_none(conn, fake):
     row = parked_at_stripe(conn)
     with pytest.raises(OtherProcessor):
-        lookups.look_up(fake, row)
+        lookups.ask_processor(fake, row)
     # and the re-drive's write itself is fenced on the payment's processor
     assert not transitions.redrive(conn, row["id"], actor="ops-fake", processor="fake")
     assert payment(conn, row["id"])["key_generation"] == 1
@@ -131,7 +131,7 @@ def test_the_poller_and_event_applier_leave_another_processors_payments(
         (waiting["id"],),
     )
     pool = make_pool(config, max_size=2, name="test-own-processor")
-    service = GatewayEventService(config=config, pool=pool, gateway=build_gateway(config))
+    service = GatewayEventService(config=config, pool=pool, gateway=build_processor(config))
     try:
         counts = service.run_once()
     finally:

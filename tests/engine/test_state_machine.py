@@ -44,12 +44,13 @@ from hypothesis.stateful import (
 from paycron.config import Config
 from paycron.domain.enums import CancelOutcome, EventType, FailureReason, Outcome, Status
 from paycron.domain.policy import decide
-from paycron.engine.execution import look_up
+from paycron.engine.execution import decide_by_lookup
 from paycron.errors import GatewayError
 from paycron.processors.card.client import CallResult, Charge
 from paycron.store import transitions
 from paycron.store.db import make_pool
 from paycron.store.transitions import Claim, Finished
+from scheduler.reaper import reap_batch
 from tests.factories import insert_payment
 
 # -- The one call each of cancel and reap_expired: adapt them here ------------------
@@ -61,8 +62,9 @@ def cancel(conn, payment_id: uuid.UUID, *, actor: str) -> CancelOutcome:
 
 
 def reap(conn, config: Config) -> list[dict]:
-    """``transitions.reap_expired``: the rows it moved (id, status, in_doubt)."""
-    return transitions.reap_expired(conn, limit=100, config=config)
+    """The reaper's batch (the policy decides, ``transitions.reap_expired``
+    writes): the rows it moved (id, status, in_doubt)."""
+    return reap_batch(conn, limit=100, config=config)
 
 
 # -- The model's settings and gateway ------------------------------------------------
@@ -115,7 +117,7 @@ ANSWERS = {
 
 
 def call_result(answer: str, payment_id: uuid.UUID) -> CallResult:
-    """The CallResult HttpGateway returns for each answer (gateway_client.classify)."""
+    """The CallResult CardProcessor returns for each answer (gateway_client.classify)."""
     if answer == "succeeded":
         return CallResult(Outcome.SUCCEEDED, gateway_ref=charge_ref(payment_id))
     if answer == "declined":
@@ -217,7 +219,7 @@ class Held:
     _repr_pretty_ = Payment._repr_pretty_
 
 
-class ModelGateway:
+class ModelProcessor:
     """Lookups by reference, answered from the model's ledger (or failing)."""
 
     def __init__(self, payments: dict[uuid.UUID, Payment], *, fails: bool):
@@ -313,8 +315,10 @@ class PaymentMachine(RuleBasedStateMachine):
         """The executor's lookup before parking a payment exhausted in doubt."""
         if not done.decision.needs_lookup:
             return done
-        gateway = ModelGateway(self.payments, fails=data.draw(st.booleans(), label="lookup fails"))
-        return look_up(gateway, done)
+        gateway = ModelProcessor(
+            self.payments, fails=data.draw(st.booleans(), label="lookup fails")
+        )
+        return decide_by_lookup(gateway, done)
 
     def _current(self, held: Held) -> bool:
         payment = self.payments[held.claim.payment_id]

@@ -10,7 +10,8 @@ import stripe
 
 from devtools.fake_gateway import GatewayHandle, stripe_args
 from tests.fake_gateway.fakeclient import start_gateway
-from tests.fake_gateway.stripeclient import WebhookReceiver, sdk
+from tests.fake_gateway.stripeclient import sdk
+from tests.support import WebhookReceiver
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +46,8 @@ def sdk_client(gateway_handle: GatewayHandle) -> stripe.StripeClient:
 
 @pytest.fixture
 def receiver() -> Iterator[WebhookReceiver]:
-    """A webhook endpoint in the test process."""
-    endpoint = WebhookReceiver()
+    """A webhook endpoint in the test process, where paycron receives Stripe's events."""
+    endpoint = WebhookReceiver(path="/v1/gateway-events/stripe")
     yield endpoint
     endpoint.close()
 

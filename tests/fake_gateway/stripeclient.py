@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import threading
-import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -109,55 +105,3 @@ def raw_charge(
             "metadata[paycron_payment_id]": payment_id,
         },
     )
-
-
-class WebhookReceiver:
-    """A webhook endpoint in the test process: it records every delivery (headers and
-    body) and answers the statuses queued in `statuses` in turn, then 200."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[dict[str, str], bytes]] = []
-        self.statuses: list[int] = []
-        self._changed = threading.Condition()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with receiver._changed:
-                    receiver.received.append((dict(self.headers), body))
-                    status = receiver.statuses.pop(0) if receiver.statuses else 200
-                    receiver._changed.notify_all()
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1/gateway-events/stripe"
-
-    def wait_for(self, count: int, timeout: float = 5.0) -> list[tuple[dict[str, str], bytes]]:
-        """The first `count` deliveries, once they have arrived."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while len(self.received) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"{len(self.received)} deliveries, wanted {count}")
-                self._changed.wait(left)
-            return list(self.received[:count])
-
-    def events(self) -> list[dict[str, Any]]:
-        with self._changed:
-            return [json.loads(body) for _, body in self.received]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()

@@ -5,14 +5,14 @@ reordered."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 import stripe
 
 from devtools.fake_gateway import STRIPE_WEBHOOK_SECRET, GatewayHandle
-from tests.fake_gateway.stripeclient import WebhookReceiver, charge
+from tests.fake_gateway.stripeclient import charge
+from tests.support import WebhookReceiver
 
 SETTLED = ["payment_intent.succeeded", "payment_intent.payment_failed"]
 
@@ -36,7 +36,8 @@ def test_a_bank_debit_processes_then_settles_with_a_signed_event(
     assert (pending.status, pending.paid) == ("pending", False)
     assert gateway_handle.stripe_state()["processing"] == [intent.id]
 
-    [(headers, body)] = receiver.wait_for(1)
+    [delivery] = receiver.wait_for(1)
+    headers, body = delivery.headers, delivery.body
     event = stripe.Webhook.construct_event(body, headers["Stripe-Signature"], STRIPE_WEBHOOK_SECRET)
     assert event.object == "event" and event.type == "payment_intent.succeeded"
     assert event.id.startswith("evt_")
@@ -64,7 +65,8 @@ def test_a_failing_debit_settles_now_on_the_control(
     assert (failed.status, failed.payment_method) == ("requires_payment_method", None)
     assert failed.last_payment_error.code == "payment_method_provider_decline"
     assert sdk_client.v1.charges.retrieve(intent.latest_charge).status == "failed"
-    [(headers, body)] = receiver.wait_for(1)
+    [delivery] = receiver.wait_for(1)
+    headers, body = delivery.headers, delivery.body
     event = stripe.Webhook.construct_event(body, headers["Stripe-Signature"], STRIPE_WEBHOOK_SECRET)
     assert (event.type, event.data.object.id) == ("payment_intent.payment_failed", intent.id)
 
@@ -81,7 +83,8 @@ def test_a_tampered_or_foreign_event_is_refused_and_a_rolled_secret_verifies(
     )
     charge(sdk_client, "pm_bank_processing_succeeds")
     gateway_handle.stripe_settle()
-    [(headers, body)] = receiver.wait_for(1)
+    [delivery] = receiver.wait_for(1)
+    headers, body = delivery.headers, delivery.body
     signature = headers["Stripe-Signature"]
     assert signature.count("v1=") == 2
     for secret in ("whsec_old_secret", "whsec_new_secret"):
@@ -111,9 +114,9 @@ def test_a_failed_delivery_is_retried_with_the_same_body(
     charge(sdk_client, "pm_bank_processing_succeeds")
     gateway_handle.stripe_settle()
     deliveries = receiver.wait_for(3)
-    assert len({body for _, body in deliveries}) == 1
-    for headers, body in deliveries:
-        stripe.Webhook.construct_event(body, headers["Stripe-Signature"], STRIPE_WEBHOOK_SECRET)
+    assert len({d.body for d in deliveries}) == 1
+    for d in deliveries:
+        stripe.Webhook.construct_event(d.body, d.headers["Stripe-Signature"], STRIPE_WEBHOOK_SECRET)
 
     def deliveries() -> list[tuple]:
         return [
@@ -158,7 +161,7 @@ def test_events_can_be_duplicated_lost_or_shuffled(
     )
     charge(sdk_client, "pm_bank_processing_succeeds")
     gateway_handle.stripe_settle()
-    first, second = (json.loads(body) for _, body in receiver.wait_for(2))
+    first, second = (d.json() for d in receiver.wait_for(2))
     assert first["id"] == second["id"]  # the same event twice: receivers dedupe on its id
 
     gateway_handle.stripe(webhook_duplicate_rate=0.0, webhook_loss_rate=1.0)
@@ -197,8 +200,8 @@ def test_every_change_makes_an_event_and_enabled_events_choose_what_is_sent(
 
     gateway_handle.stripe(enabled_events=["charge.refunded"])
     sdk_client.v1.refunds.create(params={"payment_intent": intent.id})
-    [(_, body)] = receiver.wait_for(4)[3:]
-    assert json.loads(body)["type"] == "charge.refunded"
+    [fourth] = receiver.wait_for(4)[3:]
+    assert fourth.json()["type"] == "charge.refunded"
 
 
 def test_a_reset_cancels_a_pending_settlement(

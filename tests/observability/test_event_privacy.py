@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from paycron.store.events import to_wire
-from tests.factories import insert_payment
+from tests.factories import park
 
 
 @pytest.fixture
@@ -24,12 +24,7 @@ def app(config, gateway):  # a redrive looks the charge up at the gateway
 
 def test_a_redrive_shows_the_payer_an_operator_not_the_name(client, alice, make_key, conn):
     admin = {"Authorization": f"Bearer {make_key('ops-ann-smith', admin=True)}"}
-    row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute(
-        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-        (row["id"], row["due_at"], row["payer"]),
-    )
+    row = park(conn, last_error=None)
     response = client.post(f"/v1/admin/dead-letters/{row['id']}/redrive", headers=admin)
     assert response.status_code == 200, response.get_json()
 

@@ -17,9 +17,10 @@ import pytest
 from werkzeug.serving import make_server
 
 from paycron.store import apikeys
-from tests.console_support import MovableClock, console_config
+from tests.console_support import console_config
 from tests.factories import add_attempt, insert_payment, park
 from tests.rows import letter, payment
+from tests.support import Clock
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -73,7 +74,7 @@ def chromium():
 
 @pytest.fixture
 def clock():
-    return MovableClock()
+    return Clock(running=True)
 
 
 @pytest.fixture
@@ -81,7 +82,7 @@ def server(config, gateway, clock):
     """The web app with the console on, served threaded on 127.0.0.1."""
     from web import create_app
 
-    app = create_app(console_config(config), clock=clock)
+    app = create_app(console_config(config), clock=clock.utc)
     http = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=http.serve_forever, daemon=True)
     thread.start()

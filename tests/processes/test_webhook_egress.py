@@ -10,9 +10,7 @@ import shutil
 import socket
 import ssl
 import subprocess
-import threading
 import time
-from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -21,7 +19,7 @@ from paycron.store import webhooks
 from paycron.store.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
-from tests.support import QuietHandler
+from tests.support import WebhookReceiver
 
 #: A public address (it was example.com's): what the rebinding name answers first.
 PUBLIC = "93.184.215.14"
@@ -38,40 +36,14 @@ CHECKED = RelayConfig.from_config(
 )
 
 
-class LoopbackReceiver:
-    """An HTTP server on 127.0.0.1 that answers 200 and records each
-    request's Host header and target."""
-
-    def __init__(self, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1", port: int = 0):
-        self.requests: list[tuple[str, str]] = []
-        self.server_names: list[str | None] = []  # SNI, when TLS
-        received = self.requests
-
-        class Handler(QuietHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers["Content-Length"]))
-                received.append((self.headers["Host"], self.path))
-                self.answer(200)
-
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
-        if tls is not None:
-            tls.sni_callback = lambda sock, name, context: self.server_names.append(name)
-            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return self.server.server_port
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def requests(receiver: WebhookReceiver) -> list[tuple[str, str]]:
+    """Each request's Host header and target, in arrival order."""
+    return [(d.headers["Host"], d.path) for d in receiver.deliveries]
 
 
 @pytest.fixture
 def receiver():
-    with contextlib.closing(LoopbackReceiver()) as made:
+    with contextlib.closing(WebhookReceiver()) as made:
         yield made
 
 
@@ -123,7 +95,7 @@ def tls_receiver(tmp_path, monkeypatch):
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    made = LoopbackReceiver(tls=context)
+    made = WebhookReceiver(tls=context)
     yield made
     made.close()
 
@@ -179,7 +151,7 @@ def test_a_rebinding_name_does_not_reach_loopback(conn, relay_for, receiver, mon
     monkeypatch.setattr(
         webhooks, "is_public", lambda address: str(address) == STAND_IN or real_is_public(address)
     )
-    public = LoopbackReceiver(host=STAND_IN, port=receiver.port)
+    public = WebhookReceiver(host=STAND_IN, port=receiver.port)
     try:
         endpoint = webhooks.create_endpoint(
             conn, actor="alice", url=f"http://rebind.test:{receiver.port}/hooks"
@@ -190,8 +162,8 @@ def test_a_rebinding_name_does_not_reach_loopback(conn, relay_for, receiver, mon
     finally:
         public.close()
 
-    assert receiver.requests == []  # loopback never reached
-    assert public.requests == [(f"rebind.test:{receiver.port}", "/hooks")]
+    assert receiver.deliveries == []  # loopback never reached
+    assert requests(public) == [(f"rebind.test:{receiver.port}", "/hooks")]
     assert dns.answers == 1  # one lookup, checked and used
     assert _delivery(conn, endpoint["id"])["last_status"] == 200
 
@@ -215,7 +187,7 @@ def test_the_relay_sends_to_the_address_it_resolved_with_the_urls_host(conn, rel
         endpoint["id"],
     )
 
-    assert receiver.requests == [(f"hooks.test:{receiver.port}", "/in/paycron?v=1")]
+    assert requests(receiver) == [(f"hooks.test:{receiver.port}", "/in/paycron?v=1")]
     assert asked == ["hooks.test"]
     assert _delivery(conn, endpoint["id"])["last_status"] == 200
 
@@ -244,10 +216,10 @@ def test_https_is_verified_against_the_urls_host_not_the_address(
     assert tls_receiver.server_names == [name]
     row = _delivery(conn, endpoint["id"])
     if delivered:
-        assert tls_receiver.requests == [(f"hooks.test:{tls_receiver.port}", "/hooks")]
+        assert requests(tls_receiver) == [(f"hooks.test:{tls_receiver.port}", "/hooks")]
         assert row["last_status"] == 200
     else:
-        assert tls_receiver.requests == []
+        assert tls_receiver.deliveries == []
         assert row["last_status"] is None and row["last_error"] == "SSLError"
 
 
@@ -259,7 +231,7 @@ def test_the_relay_refuses_a_name_that_resolves_to_loopback(conn, relay_for, rec
 
     deliver(relay_for(CHECKED, resolve=lambda host: [PUBLIC, "127.0.0.1"]), conn, endpoint["id"])
 
-    assert receiver.requests == []
+    assert receiver.deliveries == []
     assert _delivery(conn, endpoint["id"])["last_error"] == "forbidden_destination"
 
 

@@ -12,7 +12,7 @@ from paycron.domain.enums import Outcome
 from paycron.domain.processing import ChargeRequest
 from paycron.engine.execution import Executor
 from paycron.limits.breaker import CircuitBreaker
-from paycron.processors.card.client import HttpGateway
+from paycron.processors.card.client import CardProcessor
 from paycron.store.db import make_pool
 from paycron.store.transitions import UNWRITABLE, claim_due
 from tests.factories import insert_payment
@@ -20,7 +20,7 @@ from tests.factories import insert_payment
 
 def charge(scripted, status, body=b"{}", headers=None):
     scripted.answers[100] = (status, headers or {}, body)
-    client = HttpGateway(scripted.url, timeout=2)
+    client = CardProcessor(scripted.url, timeout=2)
     try:
         return client.charge(
             ChargeRequest(reference="r", idempotency_key="k", amount=100, currency="USD")
@@ -71,7 +71,7 @@ def test_one_bad_answer_does_not_lose_its_groups_outcomes(config, conn, scripted
         333: (200, {}, json.dumps({"id": "ch_\u0000bad"}).encode()),
     }
     pool = make_pool(config, max_size=2, name="test-answers")
-    gateway = HttpGateway(scripted.url, timeout=2)
+    gateway = CardProcessor(scripted.url, timeout=2)
     try:
         executor = Executor(
             config=config,

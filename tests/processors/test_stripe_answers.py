@@ -1,6 +1,6 @@
 """The Stripe answer table (docs/design.md), one row per test, through the official SDK.
 
-paycron.processors.stripe.client.StripeGateway (the real ``stripe`` SDK over our
+paycron.processors.stripe.client.StripeProcessor (the real ``stripe`` SDK over our
 urllib3 transport) against a loopback server that answers each request as
 the test scripts it, in Stripe's wire format: so every row — also those the
 Stripe-shaped stub never gives (403, an unknown 409, a 200 in an unexpected
@@ -21,7 +21,7 @@ from paycron.config import STRIPE_API_VERSION
 from paycron.domain.enums import FailureReason, Outcome
 from paycron.domain.processing import ChargeRequest, LookupRequest
 from paycron.errors import GatewayError
-from paycron.processors.stripe.client import StripeGateway
+from paycron.processors.stripe.client import StripeProcessor
 from tests.support import QuietHandler, serve_on_loopback
 
 KEY = "sk_test_scripted_0123456789"
@@ -114,7 +114,7 @@ def stripe_stub():
 
 @pytest.fixture
 def adapter(stripe_stub):
-    gateway = StripeGateway(
+    gateway = StripeProcessor(
         api_key=KEY, api_base=stripe_stub.url, api_version=STRIPE_API_VERSION, timeout=1.0
     )
     yield gateway
@@ -363,7 +363,7 @@ def test_a_replayed_500_is_resolved_by_lookup(stripe_stub, adapter):
         error(500, headers={"Idempotent-Replayed": "true"}, type="api_error")
     ]
     result = adapter.charge(REQUEST)
-    assert (result.outcome, result.in_doubt, result.replayed, result.look_up) == (
+    assert (result.outcome, result.in_doubt, result.replayed, result.lookup_first) == (
         Outcome.RETRYABLE_ERROR,
         True,
         True,
@@ -385,7 +385,7 @@ def test_a_call_that_outlives_its_timeout_is_ambiguous(stripe_stub, adapter):
 
 
 def test_a_refused_connection_never_reached_stripe():
-    gateway = StripeGateway(
+    gateway = StripeProcessor(
         api_key=KEY, api_base="http://127.0.0.1:9", api_version=STRIPE_API_VERSION, timeout=1.0
     )
     try:
@@ -426,7 +426,7 @@ def test_a_lookup_follows_every_page_and_matches_by_metadata(stripe_stub, adapte
 
 def test_a_lookup_that_cannot_list_raises(stripe_stub, adapter):
     adapter.close()
-    gateway = StripeGateway(
+    gateway = StripeProcessor(
         api_key=KEY, api_base="http://127.0.0.1:9", api_version=STRIPE_API_VERSION, timeout=1.0
     )
     try:

@@ -20,7 +20,7 @@ from paycron.domain.ids import new_payment_id
 from paycron.domain.processing import CallResult
 from paycron.errors import GatewayError
 from paycron.observability.sentry import scrub
-from paycron.processors.card.client import HttpGateway
+from paycron.processors.card.client import CardProcessor
 from paycron.store import transitions
 from reconciliation import run as run_module
 from reconciliation import store
@@ -663,7 +663,7 @@ def test_a_repair_that_loses_its_race_is_judged_again(conn):
     assert items(conn) == []  # stored with the run's other items, at its end
 
 
-class ResponsesLost(HttpGateway):
+class ResponsesLost(CardProcessor):
     """Every answer to us is lost on its way back, and lookups fail too.
 
     The fake gateway drops its first answer (``charge_then_drop_rate``) but

@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from devtools.fake_gateway import STRIPE_API_KEY
-from paycron.processors.factory import build_gateway
+from paycron.processors.factory import build_processor
 from scheduler.gateway_events import GatewayEventService
-from tests.factories import insert_payment
+from tests.factories import add_dead_letter, insert_payment
 from tests.inprocess import Engine
 from tests.rows import attempts_of, count, event_types, payment
 
@@ -34,7 +34,7 @@ def engine(stripe_config, gateway):
 @pytest.fixture
 def service(stripe_config, engine):
     svc = GatewayEventService(
-        config=stripe_config, pool=engine.pool, gateway=build_gateway(stripe_config)
+        config=stripe_config, pool=engine.pool, gateway=build_processor(stripe_config)
     )
     yield svc
     svc.close()
@@ -291,11 +291,7 @@ def test_a_redrive_that_finds_the_debit_processing_waits_for_it(
         payment_method="pm_bank_processing_succeeds",
         calls_land_by=datetime.now(UTC) - timedelta(seconds=1),
     )
-    conn.execute(
-        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-        (row["id"], row["due_at"], row["payer"]),
-    )
+    add_dead_letter(conn, row)
     intent = gateway.stripe_client().v1.payment_intents.create(
         params={
             "amount": row["amount_minor"],

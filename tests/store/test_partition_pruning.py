@@ -16,6 +16,7 @@ from paycron.config import Config
 from paycron.domain.ids import due_range
 from paycron.sql import q
 from paycron.store import payments, transitions
+from scheduler.reaper import reap_batch
 from tests.factories import insert_payment
 
 ALL_TIME = datetime(1970, 1, 1, tzinfo=UTC)
@@ -42,7 +43,7 @@ def claim_params(row):
 
 STATEMENTS = {
     "claim_due": lambda conn, row: transitions.claim_due(conn, limit=100, lease_seconds=30),
-    "reap_expired": lambda conn, row: transitions.reap_expired(conn, limit=100, config=Config()),
+    "reap_expired": lambda conn, row: reap_batch(conn, limit=100, config=Config()),
     "reap_locked": lambda conn, row: conn.execute(
         q("reap_locked"),
         {

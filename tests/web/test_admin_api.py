@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.factories import insert_payment
+from tests.factories import park
 
 URL = "/v1/admin/dead-letters"
 
@@ -21,16 +21,6 @@ def app(config, gateway):  # the admin actions reach the gateway
     application = create_app(config)
     yield application
     application.extensions["paycron.pool"].close()
-
-
-def park(conn):
-    row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute(
-        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-        (row["id"], row["due_at"], row["payer"]),
-    )
-    return row
 
 
 def test_a_non_admin_key_sees_nothing_there(client, alice, conn):

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import future, iso
+from tests.support import Clock
 
 URL = "/v1/scheduled-payments"
 
@@ -91,7 +92,9 @@ def test_replay_after_due_at_passed_returns_the_original(app, config, alice, con
     payload = body(dueAt=iso(future(3600)))
     first = post(app.test_client(), alice, payload).get_json()
     # Two hours later the dueAt has passed.
-    later = create_app(config, clock=lambda: datetime.now(UTC) + timedelta(hours=2))
+    clock = Clock(running=True)
+    clock.advance(hours=2)
+    later = create_app(config, clock=clock.utc)
     try:
         client = later.test_client()
         # a fresh create with that dueAt is refused ...
@@ -236,26 +239,18 @@ def test_a_revoked_key_is_401(client, conn, make_key):
     assert response.status_code == 401
 
 
-class _Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_revoked_key_stops_working_once_the_cache_ttl_has_passed(app, conn, make_key):
     from paycron.store.apikeys import PrincipalCache, revoke_api_key
 
     pool = app.extensions["paycron.pool"]
-    clock = _Clock()
+    clock = Clock(start=1000.0)
     cache = PrincipalCache(10.0, monotonic=clock)
     key = make_key("carol")
     assert cache.authenticate(pool, key).actor == "carol"
     revoke_api_key(conn, key.split("_")[1])
-    clock.now += 9.9
+    clock.advance(9.9)
     assert cache.authenticate(pool, key).actor == "carol"  # served from the cache
-    clock.now += 0.2
+    clock.advance(0.2)
     assert cache.authenticate(pool, key) is None
     assert PrincipalCache(0.0).authenticate(pool, key) is None
 

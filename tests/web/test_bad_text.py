@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.conftest import future, iso
-from tests.factories import insert_payment
+from tests.factories import park
 
 PAYMENTS = "/v1/scheduled-payments"
 LONE = ["\ud800", "\udfff", "shop\ud83d", "\udc00tail"]
@@ -94,12 +94,7 @@ def test_a_lone_surrogate_in_a_webhook_url_is_a_400(client, alice, conn):
 
 def test_a_lone_surrogate_in_a_dismiss_note_is_a_400(client, make_key, conn):
     admin = {"Authorization": f"Bearer {make_key('ops-ann', admin=True)}"}
-    row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute(
-        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-        (row["id"], row["due_at"], row["payer"]),
-    )
+    row = park(conn, last_error=None)
     response = send(
         client, f"/v1/admin/dead-letters/{row['id']}/dismiss", {"note": "gone \ud800"}, admin
     )

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyStrategyDefinition
 
 from paycron.store.events import Position
-from tests.factories import insert_payment
+from tests.factories import park
 from web.events import FeedQuerySchema
 from web.payments import DUE_AT_PATTERN, CreatePaymentSchema, ListQuerySchema
 from web.schemas import PaymentSchema
@@ -274,17 +274,6 @@ def _idempotency_key(key: str, body: dict) -> str:
     return f"{key[:200]}.{digest}"
 
 
-def _park(conn) -> dict:
-    """A FAILED payment with an open dead letter, for the admin operations."""
-    row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute(
-        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-        (row["id"], row["due_at"], row["payer"]),
-    )
-    return row
-
-
 def _config(auth_document: str) -> schemathesis.Config:
     return schemathesis.Config.from_dict(
         {
@@ -324,7 +313,7 @@ def api_schema(app, gateway, make_key, conn, config, tmp_path):
         )
     )
     schema = schemathesis.openapi.from_wsgi(URL, app, config=_config(str(auth_document)))
-    parked = [str(_park(conn)["id"]) for _ in range(3)]
+    parked = [str(park(conn)["id"]) for _ in range(3)]
 
     @schema.hook
     def map_case(context, case):
@@ -417,7 +406,7 @@ def test_a_405_names_the_allowed_methods(client, alice):
 def test_an_unreachable_gateway_is_a_502_problem(client, make_key, conn, action):
     # Without the `gateway` fixture the test config's gateway URL refuses connections.
     response = client.post(
-        f"/v1/admin/dead-letters/{_park(conn)['id']}/{action}", headers=_admin(make_key)
+        f"/v1/admin/dead-letters/{park(conn)['id']}/{action}", headers=_admin(make_key)
     )
     assert (response.status_code, response.mimetype) == (502, "application/problem+json")
     assert response.get_json()["code"] == "GATEWAY_UNAVAILABLE"
@@ -433,14 +422,14 @@ def test_an_id_beyond_the_calendar_is_404(client, alice, method):
 
 def test_dismiss_refuses_a_body_that_is_not_an_object(client, make_key, conn):
     response = client.post(
-        f"/v1/admin/dead-letters/{_park(conn)['id']}/dismiss", headers=_admin(make_key), json=[]
+        f"/v1/admin/dead-letters/{park(conn)['id']}/dismiss", headers=_admin(make_key), json=[]
     )
     assert response.status_code == 400
 
 
 def test_dismiss_refuses_a_nul_in_the_note(client, make_key, conn):
     response = client.post(
-        f"/v1/admin/dead-letters/{_park(conn)['id']}/dismiss",
+        f"/v1/admin/dead-letters/{park(conn)['id']}/dismiss",
         headers=_admin(make_key),
         json={"note": "a\x00b"},
     )

@@ -13,15 +13,15 @@ from click.testing import CliRunner
 from paycron.cli import main
 from paycron.domain.enums import Outcome
 from paycron.domain.processing import ChargeRequest
-from paycron.processors.card.client import HttpGateway
-from tests.factories import insert_payment
+from paycron.processors.card.client import CardProcessor
+from tests.factories import park
 
 
 @pytest.fixture
 def declining(scripted):
     """decline(code) -> the code as stored, after the gateway answered a
     charge 402 ``{"error": {"code": <code>}}``, the decline's wire format."""
-    client = HttpGateway(scripted.url, timeout=2)
+    client = CardProcessor(scripted.url, timeout=2)
 
     def decline(code: object) -> str:
         scripted.answers[100] = (
@@ -68,12 +68,7 @@ def test_dlq_list_escapes_what_it_prints(config, conn):
     """A newline stored in last_error (as a gateway's code once was) stays
     inside its line: one line per letter, the id first."""
     forged = "http_503\n00000000-0000-0000-0000-000000000000\tRETRIES_EXHAUSTED\t-"
-    row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute(
-        "INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error) "
-        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED', %s)",
-        (row["id"], row["due_at"], row["payer"], forged + "\x1b[0m\\"),
-    )
+    row = park(conn, last_error=forged + "\x1b[0m\\")
     result = CliRunner().invoke(
         main, ["dlq", "list"], env={"DATABASE_URL": config.database_url}, catch_exceptions=False
     )
@@ -89,12 +84,7 @@ def test_dlq_list_escapes_what_it_prints(config, conn):
 
 
 def test_dlq_dismiss_prints_the_note_on_one_line(config, conn):
-    row = insert_payment(conn, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6)
-    conn.execute(
-        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
-        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
-        (row["id"], row["due_at"], row["payer"]),
-    )
+    row = park(conn, last_error=None)
     result = CliRunner().invoke(
         main,
         ["dlq", "dismiss", str(row["id"]), "--by", "ops", "--note", "left\nOK: all fine"],

@@ -6,9 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import json
 import random
-import threading
 import time
 import uuid
 
@@ -23,7 +21,7 @@ from paycron.store import events, webhooks
 from paycron.store.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
-from tests.support import QuietHandler, serve_on_loopback
+from tests.support import WebhookReceiver
 
 URL = "/v1/webhook-endpoints"
 #: Fast relay settings: a 1 s timeout, backoff from 50 ms doubling to 400 ms.
@@ -50,58 +48,14 @@ def verify(secret: str, header: str, body: bytes, *, tolerance: float = 300) -> 
     return hmac.compare_digest(expected, parts["v1"]) and abs(time.time() - timestamp) <= tolerance
 
 
-class Receiver:
-    """A real HTTP server on 127.0.0.1 that records every POST: the event,
-    whether its signature verifies, and when it came. It answers 500 to its
-    first ``fail_first`` requests, and can hang before answering."""
+def signed_with(secret: str):
+    """A receiver's ``verify``: does a delivery carry ``secret``'s signature?"""
+    return lambda headers, body: verify(secret, headers["Paycron-Signature"], body)
 
-    def __init__(self, *, fail_first: int = 0, hang_seconds: float = 0.0):
-        self.secret: str | None = None
-        self.fail_first = fail_first
-        self.hang_seconds = hang_seconds
-        self.requests: list[dict] = []
-        self._lock = threading.Lock()
-        self._released = threading.Event()
-        receiver = self
 
-        class Handler(QuietHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as real receivers do
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                with receiver._lock:
-                    n = len(receiver.requests)
-                    receiver.requests.append(
-                        {
-                            "at": time.monotonic(),
-                            "event": json.loads(body),
-                            "event_id": self.headers["Paycron-Event-Id"],
-                            "valid": verify(
-                                receiver.secret, self.headers["Paycron-Signature"], body
-                            ),
-                            "content_type": self.headers["Content-Type"],
-                        }
-                    )
-                if receiver.hang_seconds:
-                    receiver._released.wait(receiver.hang_seconds)
-                self.answer(500 if n < receiver.fail_first else 200, b"ok")
-
-        self.server = serve_on_loopback(Handler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}/hooks"
-
-    def event_ids(self, *, answered_ok: bool = True) -> list[int]:
-        """Event ids in arrival order (by default only the requests answered 200)."""
-        with self._lock:
-            requests = self.requests[self.fail_first if answered_ok else 0 :]
-            return [r["event"]["id"] for r in requests]
-
-    def close(self) -> None:
-        self._released.set()
-        self.server.shutdown()
-        self.server.server_close()
+def event_ids(receiver: WebhookReceiver, *, answered_ok: bool = True) -> list[int]:
+    """Event ids in arrival order (by default only the deliveries answered 200)."""
+    return [event["id"] for event in receiver.events(answered_ok=answered_ok)]
 
 
 @pytest.fixture
@@ -124,12 +78,12 @@ def relays(config):
 
 @pytest.fixture
 def receivers(relays):
-    """make(**behaviour) -> a running Receiver. Closed before the relays
+    """make(**behaviour) -> a running WebhookReceiver. Closed before the relays
     (this fixture depends on theirs), so a hung request ends at once."""
     made = []
 
-    def make(**behaviour) -> Receiver:
-        made.append(Receiver(**behaviour))
+    def make(**behaviour) -> WebhookReceiver:
+        made.append(WebhookReceiver(**behaviour))
         return made[-1]
 
     yield make
@@ -137,10 +91,10 @@ def receivers(relays):
         receiver.close()
 
 
-def register(client, headers, receiver: Receiver) -> str:
+def register(client, headers, receiver: WebhookReceiver) -> str:
     response = client.post(URL, json={"url": receiver.url}, headers=headers)
     assert response.status_code == 201, response.get_json()
-    receiver.secret = response.get_json()["secret"]
+    receiver.verify = signed_with(response.get_json()["secret"])
     return response.get_json()["id"]
 
 
@@ -264,15 +218,15 @@ def test_events_arrive_signed_in_order_from_the_endpoints_creation_on(
     ids = [insert_event(conn, type=t) for t in types]
     relay = relays()
 
-    until(lambda: len(receiver.requests) >= 5, relay)
+    until(lambda: len(receiver.deliveries) >= 5, relay)
     assert relay.run_once().delivered == 0  # nothing left
-    assert receiver.event_ids() == ids and earlier not in receiver.event_ids()
-    assert all(r["valid"] for r in receiver.requests)
-    assert all(r["content_type"] == "application/json" for r in receiver.requests)
-    assert [int(r["event_id"]) for r in receiver.requests] == ids
-    first = receiver.requests[0]["event"]
+    assert event_ids(receiver) == ids and earlier not in event_ids(receiver)
+    assert all(r.verified for r in receiver.deliveries)
+    assert all(r.headers["Content-Type"] == "application/json" for r in receiver.deliveries)
+    assert [int(r.headers["Paycron-Event-Id"]) for r in receiver.deliveries] == ids
+    first = receiver.deliveries[0].json()
     assert set(first) == {"id", "type", "paymentId", "status", "attempt", "data", "createdAt"}
-    assert [r["event"]["type"] for r in receiver.requests] == types
+    assert [r.json()["type"] for r in receiver.deliveries] == types
 
     rows = deliveries(conn, endpoint)
     assert [r["event_id"] for r in rows] == ids
@@ -284,11 +238,11 @@ def test_a_forged_signature_does_not_verify(client, alice, conn, relays, receive
     register(client, alice, receiver)
     insert_event(conn)
     relay = relays()
-    until(lambda: receiver.requests, relay)
-    receiver.secret = webhooks.new_secret()  # another endpoint's secret
+    until(lambda: receiver.deliveries, relay)
+    receiver.verify = signed_with(webhooks.new_secret())  # another endpoint's secret
     insert_event(conn)
-    until(lambda: len(receiver.requests) == 2, relay)
-    assert [r["valid"] for r in receiver.requests] == [True, False]
+    until(lambda: len(receiver.deliveries) == 2, relay)
+    assert [r.verified for r in receiver.deliveries] == [True, False]
 
 
 def test_a_new_endpoint_gets_what_commits_after_its_creation(
@@ -302,8 +256,8 @@ def test_a_new_endpoint_gets_what_commits_after_its_creation(
         slow.commit()  # commits after the endpoint exists
     after = insert_event(conn)
 
-    until(lambda: len(receiver.requests) >= 2, relays())
-    assert receiver.event_ids() == [open_before, after]
+    until(lambda: len(receiver.deliveries) >= 2, relays())
+    assert event_ids(receiver) == [open_before, after]
     assert committed_before not in [r["event_id"] for r in deliveries(conn, endpoint)]
 
 
@@ -319,21 +273,21 @@ def test_the_relay_never_skips_an_event_that_commits_late(
         for _ in range(5):
             relay.run_once()
             time.sleep(0.05)
-        assert receiver.requests == []  # the late one waits behind the open transaction
+        assert receiver.deliveries == []  # the late one waits behind the open transaction
         slow.commit()
-    until(lambda: len(receiver.requests) >= 2, relay)
-    assert receiver.event_ids() == [early, late]
+    until(lambda: len(receiver.deliveries) >= 2, relay)
+    assert event_ids(receiver) == [early, late]
 
 
 def test_a_failing_receiver_gets_every_event_later_with_backoff(
     client, alice, conn, relays, receivers
 ):
-    receiver = receivers(fail_first=3)
+    receiver = receivers(statuses=[500] * 3)
     endpoint = register(client, alice, receiver)
     ids = [insert_event(conn) for _ in range(3)]
     relay = relays()
 
-    until(lambda: receiver.requests, relay)
+    until(lambda: receiver.deliveries, relay)
     head = deliveries(conn, endpoint)
     assert [
         (r["event_id"], r["attempts"], r["last_status"], r["last_error"], r["delivered_at"])
@@ -346,12 +300,12 @@ def test_a_failing_receiver_gets_every_event_later_with_backoff(
     ).fetchone()
     assert waiting == {"backing_off": True, "lease_owner": None}
 
-    until(lambda: len(receiver.requests) >= 6, relay)
+    until(lambda: len(receiver.deliveries) >= 6, relay)
     # Every failure went to the same head event; then all arrived in order.
-    assert receiver.event_ids(answered_ok=False) == [ids[0]] * 4 + ids[1:]
-    assert receiver.event_ids() == ids
+    assert event_ids(receiver, answered_ok=False) == [ids[0]] * 4 + ids[1:]
+    assert event_ids(receiver) == ids
     # Backoff: 50 ms doubling, each at least 80% of its step (jitter is ±20%).
-    at = [r["at"] for r in receiver.requests[:4]]
+    at = [r.at for r in receiver.deliveries[:4]]
     gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
     assert all(gap >= 0.05 * 2**i * 0.8 for i, gap in enumerate(gaps)), gaps
     rows = deliveries(conn, endpoint)
@@ -387,12 +341,12 @@ def test_a_hanging_endpoint_does_not_delay_another_payers(
     relay.start()
 
     insert_event(conn, payer="alice")
-    until(lambda: hung.requests)  # a worker is now stuck on alice's endpoint
+    until(lambda: hung.deliveries)  # a worker is now stuck on alice's endpoint
     for n in range(1, 4):
         sent = time.monotonic()
         insert_event(conn, payer="bob")
-        until(lambda n=n: len(healthy.requests) >= n)
-        assert healthy.requests[-1]["at"] - sent < 1.5  # well inside the 3 s hang
+        until(lambda n=n: len(healthy.deliveries) >= n)
+        assert healthy.deliveries[-1].at - sent < 1.5  # well inside the 3 s hang
         time.sleep(0.2)
     # Meanwhile alice's request timed out and is waiting to be retried.
     until(lambda: deliveries(conn, hung_endpoint))
@@ -408,15 +362,15 @@ def test_deleted_endpoints_receive_nothing(client, alice, conn, relays, receiver
     register(client, alice, control)  # stays: proves the relay saw every event
     first = insert_event(conn)
     relay = relays()
-    until(lambda: later.requests and control.requests, relay)
+    until(lambda: later.deliveries and control.deliveries, relay)
 
     assert client.delete(f"{URL}/{deleted_later}", headers=alice).status_code == 204
     second = insert_event(conn)
-    until(lambda: len(control.requests) == 2, relay)
+    until(lambda: len(control.deliveries) == 2, relay)
     relay.run_once()
-    assert control.event_ids() == [first, second]
-    assert later.event_ids() == [first]
-    assert before_any.requests == [] and deliveries(conn, deleted_early) == []
+    assert event_ids(control) == [first, second]
+    assert event_ids(later) == [first]
+    assert before_any.deliveries == [] and deliveries(conn, deleted_early) == []
 
 
 def test_another_payers_events_never_reach_an_endpoint(client, alice, bob, conn, relays, receivers):
@@ -428,11 +382,11 @@ def test_another_payers_events_never_reach_an_endpoint(client, alice, bob, conn,
         expected[payer].append(insert_event(conn, payer=payer))
     relay = relays()
 
-    until(lambda: len(alices.requests) + len(bobs.requests) >= 6, relay)
+    until(lambda: len(alices.deliveries) + len(bobs.deliveries) >= 6, relay)
     time.sleep(0.1)
     relay.run_once()
-    assert alices.event_ids() == expected["alice"]
-    assert bobs.event_ids() == expected["bob"]
+    assert event_ids(alices) == expected["alice"]
+    assert event_ids(bobs) == expected["bob"]
 
 
 def test_two_relays_deliver_each_event_once_per_endpoint(
@@ -451,11 +405,11 @@ def test_two_relays_deliver_each_event_once_per_endpoint(
         if i % 10 == 0:
             time.sleep(0.02)
 
-    until(lambda: sum(len(r.requests) for r in endpoints.values()) >= 100)
+    until(lambda: sum(len(r.deliveries) for r in endpoints.values()) >= 100)
     time.sleep(0.3)  # anything duplicated would arrive now
     for name, receiver in endpoints.items():
-        assert receiver.event_ids() == expected[name.split("-")[0]], name
-        assert all(r["valid"] for r in receiver.requests)
+        assert event_ids(receiver) == expected[name.split("-")[0]], name
+        assert all(r.verified for r in receiver.deliveries)
     attempts = conn.execute(
         "SELECT attempts, count(*) AS n FROM webhook_deliveries GROUP BY attempts"
     ).fetchall()
@@ -472,8 +426,8 @@ def test_a_leased_endpoint_waits_for_its_lease_to_end(
         until(lambda: webhooks.claim_endpoints(crashed, limit=5, lease_seconds=0.5))
     relay = relays()
     assert relay.run_once().endpoints == 0  # held by a relay that died holding it
-    until(lambda: receiver.requests, relay)  # the lease ends in the database's time
-    assert receiver.event_ids() == [event]
+    until(lambda: receiver.deliveries, relay)  # the lease ends in the database's time
+    assert event_ids(receiver) == [event]
 
 
 def test_a_relay_whose_lease_ran_out_moves_no_cursor(client, alice, conn, database_url):
@@ -558,7 +512,7 @@ def test_the_relay_refuses_an_internal_destination_too(client, alice, conn, rela
         "forbidden_destination",
         None,
     )
-    assert receiver.requests == []
+    assert receiver.deliveries == []
 
 
 def test_only_hosts_resolving_to_public_addresses_are_allowed():

@@ -1,6 +1,6 @@
 """The fake gateway's adapter: its (Stripe-like) card API over urllib3.
 
-One implementation of :class:`paycron.processors.base.Gateway`; every answer maps to
+One implementation of :class:`paycron.processors.base.Processor`; every answer maps to
 one :class:`~paycron.processors.base.CallResult` (:func:`classify`).
 """
 
@@ -72,14 +72,14 @@ def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
             error_code=f"http_{status}",
             in_doubt=True,
             replayed=replayed,
-            look_up=replayed,
+            lookup_first=replayed,
         )
     # Any other 4xx is our bug or a gateway contract change: retry within the
     # budget, then park for a human rather than guess a decline.
     return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}")
 
 
-class HttpGateway:
+class CardProcessor:
     """The fake gateway's HTTP API over urllib3: thread-safe, keep-alive.
 
     urllib3 rather than httpx on this path: measured here, httpx spent

@@ -128,7 +128,7 @@ def classify_error(
             error_code=f"http_{status}",
             in_doubt=True,
             replayed=replayed,
-            look_up=replayed,
+            lookup_first=replayed,
         )
     # Any other answer (a 409 lock timeout, an unknown status): unknown, in doubt.
     return CallResult(Outcome.RETRYABLE_ERROR, error_code=f"http_{status}", in_doubt=True)
@@ -190,7 +190,7 @@ def _created(value: Any) -> datetime | None:
     return datetime.fromtimestamp(value, UTC) if isinstance(value, int) else None
 
 
-class StripeGateway:
+class StripeProcessor:
     """Stripe over the official SDK. Thread-safe (one per worker process).
 
     ``take_token`` (the shared per-second window) is called before every
@@ -229,7 +229,7 @@ class StripeGateway:
         *,
         max_connections: int = 64,
         take_token: Callable[[], None] | None = None,
-    ) -> StripeGateway:
+    ) -> StripeProcessor:
         if not config.stripe_api_key:
             raise ConfigError("STRIPE_API_KEY is not set")
         return cls(
@@ -242,7 +242,7 @@ class StripeGateway:
         )
 
     def __repr__(self) -> str:
-        return f"StripeGateway({self._base!r})"
+        return f"StripeProcessor({self._base!r})"
 
     def close(self) -> None:
         self._http.close()

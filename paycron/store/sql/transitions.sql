@@ -149,7 +149,7 @@ WITH claim AS (
     INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor,
                           outcome, worker, due_at)
     SELECT id, attempt,
-           CASE WHEN key_generation = 1 THEN id::text ELSE id::text || ':' || key_generation END,
+           paycron_idempotency_key(id, key_generation),
            key_generation, %(processor)s, 'IN_FLIGHT', %(worker)s, due_at
     FROM fenced
     ON CONFLICT (payment_id, attempt) DO NOTHING
@@ -412,7 +412,7 @@ WITH completed AS (
     INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor, outcome,
                           gateway_ref, worker, finished_at, due_at)
     SELECT id, attempt,
-           CASE WHEN key_generation = 1 THEN id::text ELSE id::text || ':' || key_generation END,
+           paycron_idempotency_key(id, key_generation),
            key_generation, processor, %(outcome)s, %(gateway_ref)s, %(actor)s, now(), due_at
     FROM completed
 ), events AS (
@@ -479,7 +479,7 @@ WITH waiting AS (
     INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor, outcome,
                           gateway_ref, worker, finished_at, due_at)
     SELECT id, attempt,
-           CASE WHEN key_generation = 1 THEN id::text ELSE id::text || ':' || key_generation END,
+           paycron_idempotency_key(id, key_generation),
            key_generation, processor, 'SUBMITTED', %(intent)s, %(actor)s, now(), due_at
     FROM waiting
 ), events AS (
@@ -517,7 +517,7 @@ WITH settled AS (
     INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor, outcome,
                           error_code, gateway_ref, worker, finished_at, due_at)
     SELECT id, attempt,
-           CASE WHEN key_generation = 1 THEN id::text ELSE id::text || ':' || key_generation END,
+           paycron_idempotency_key(id, key_generation),
            key_generation, processor,
            CASE WHEN status = 'COMPLETED' THEN 'SUCCEEDED' ELSE 'DECLINED' END,
            %(error_code)s, %(intent)s, %(actor)s, now(), due_at
