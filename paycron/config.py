@@ -10,6 +10,7 @@ pass the result down explicitly.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -63,6 +64,13 @@ def _processor(text: str) -> str:
     if text.lower() not in PROCESSORS:
         raise ValueError(f"expected one of {', '.join(PROCESSORS)}")
     return text.lower()
+
+
+def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Comma-separated addresses or CIDR networks (``10.0.0.0/8, ::1``)."""
+    return tuple(
+        ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip()
+    )
 
 
 def _secrets(text: str) -> tuple[str, ...]:
@@ -154,6 +162,16 @@ class Config:
     webhook_backoff_max_seconds: float = setting(600.0, parse_duration)
     #: Scheduler and worker processes serve their counters here (see paycron.observability.metrics).
     metrics_port: int | None = setting(None, int)
+    #: ...on this address: loopback unless an operator opens it (the
+    #: listener has no authentication; ``0.0.0.0`` for a scraper elsewhere).
+    metrics_host: str = setting("127.0.0.1", str)
+    #: Proxies (addresses or CIDR networks, comma-separated) whose
+    #: ``X-Forwarded-For`` the audit log believes; from any other peer the
+    #: header is ignored and the peer's address is the client's.
+    trusted_proxies: tuple = setting((), _networks)
+    #: A request body must arrive whole within this time (slow senders hold
+    #: a connection, not a worker: web/intake.py).
+    web_body_timeout_seconds: float = setting(10.0, parse_duration)
     #: The web port serves /metrics only to ``Authorization: Bearer <this>``;
     #: unset, it does not serve /metrics at all (404).
     metrics_token: str | None = setting(None, str, secret=True)
