@@ -221,7 +221,7 @@ def measure(name: str, args_of, env: dict, token: str, args, workdir: Path) -> F
     url = f"http://127.0.0.1:{port}"
     budget = max(10.0, args.probes * 0.1)
     try:
-        wait_http(f"{url}/healthz", proc)
+        wait_http(f"{url}/healthz", proc, timeout=120)
         wrk.run(url, seconds=2, connections=args.connections)  # warm-up
         healthz = probe(port, token, args.probes, create=False, budget=budget)
         create = probe(port, token, args.probes, create=True, budget=budget)

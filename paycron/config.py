@@ -46,6 +46,22 @@ def _url(text: str) -> str:
     return text.rstrip("/")
 
 
+_URL_PASSWORD = re.compile(r"(?P<head>^[a-z][a-z0-9+.-]*://[^/@:?#]*:)[^/@?#]*(?=@)", re.I)
+_KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#]*", re.I)
+
+
+def redact_url(url: str | None) -> str | None:
+    """A database or Redis URL as it may be shown: its password, in any of
+    the forms libpq and redis-py accept (``user:pw@``, ``?password=``,
+    ``password=...`` in a key/value string), replaced by ``***``."""
+    if url is None:
+        return None
+    for pattern in (_URL_PASSWORD, _KV_PASSWORD, _QUERY_PASSWORD):
+        url = pattern.sub(lambda m: m.group("head") + "***", url)
+    return url
+
+
 def setting(default, parse: Callable[[str], object], *, secret: bool = False):
     """A field read from the environment by :meth:`Config.from_env`, with
     ``parse`` turning the variable's text into the value. A ``secret`` is
@@ -268,6 +284,20 @@ class Config:
         """Ids per message such that every call of the group fits in half a lease."""
         fits = int(self.lease_seconds / 2 // self.gateway_timeout_seconds)
         return max(1, min(self.message_group_size, fits))
+
+    def __repr__(self) -> str:
+        # The generated repr, less the secrets (``repr=False`` fields) and
+        # with the passwords inside the database and Redis URLs hidden: a
+        # Config reaches logs, tracebacks and Sentry.
+        shown = []
+        for f in fields(self):
+            if not f.repr:
+                continue
+            value = getattr(self, f.name)
+            if f.name in ("database_url", "redis_url"):
+                value = redact_url(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"Config({', '.join(shown)})"
 
     def with_overrides(self, **changes) -> Config:
         return replace(self, **changes)

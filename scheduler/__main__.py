@@ -103,7 +103,7 @@ def build(config: Config) -> Scheduler:
 def main() -> None:
     configure_logging()
     config = Config.from_env()
-    serve_metrics(config.metrics_port, component="scheduler")
+    serve_metrics(config.metrics_port, component="scheduler", host=config.metrics_host)
     scheduler = build(config)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
