@@ -319,10 +319,14 @@ def main() -> None:
         )
     if len(results) == 2:
         before, after = results
+        held = (
+            f"{after.rate_slow / before.rate_slow:.2f}"
+            if before.rate_slow
+            else f"{after.rate_slow:.0f}/s against none"
+        )
         print(
             f"\ncreates/s at saturation, after / before (no slow clients): "
-            f"{after.rate / before.rate:.2f}; with slow clients held: "
-            f"{after.rate_slow / max(before.rate_slow, 1e-9):.2f}"
+            f"{after.rate / before.rate:.2f}; with slow clients held: {held}"
         )
 
 
