@@ -61,7 +61,7 @@ class SlowClients:
 
     def __init__(self, port: int, count: int):
         self.port, self.count = port, count
-        self.reopened = 0
+        self.reopened = {"header": 0, "body": 0}
         self.answers: dict[str, int] = {}
         self._stop = threading.Event()
         self._selector = selectors.DefaultSelector()
@@ -90,7 +90,7 @@ class SlowClients:
         self._selector.unregister(sock)
         sock.close()
         if reopen and not self._stop.is_set():
-            self.reopened += 1
+            self.reopened[kind] += 1
             self._open(kind)
 
     def _run(self) -> None:
@@ -208,7 +208,7 @@ class Figures:
     create_slow: Probes
     rate_slow: float
     errors_slow: int
-    reopened: int
+    reopened: dict
     slow_answers: dict
 
 
@@ -314,8 +314,9 @@ def main() -> None:
             f"{r.rate_slow:.0f} with slow clients held (errors {r.errors_slow}); drop {drop:.0%}"
         )
         print(
-            f"   slow sockets closed by the server and reopened: {r.reopened}; "
-            f"answers they got: {r.slow_answers or 'none'}"
+            f"   slow sockets the server closed (then reopened): {r.reopened['header']} "
+            f"slow-header, {r.reopened['body']} slow-body; answers read before the close: "
+            f"{r.slow_answers or 'none'}"
         )
     if len(results) == 2:
         before, after = results
