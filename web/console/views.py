@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import date
 
 from flask import current_app, flash, g, redirect, render_template, request, session, url_for
+from psycopg.errors import DataError
 
 from paycron.domain.enums import Status
 from paycron.domain.ids import parse_payment_id
@@ -40,11 +41,43 @@ def _safe_next(target: str | None) -> str:
     return url_for("console.overview")
 
 
+def _unencodable(text: str) -> bool:
+    """NUL (Postgres text refuses it) or a lone surrogate (no UTF-8 has it)."""
+    if "\x00" in text:
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_text() -> None:
+    """Every query and form field is text Postgres can store, or the
+    request is refused (400) before a view reads it."""
+    for source in (request.args, request.form):
+        for name, value in source.items(multi=True):
+            if _unencodable(name) or _unencodable(value):
+                raise ConsoleRefused(
+                    400, "A field held a character that is not text (NUL or a lone surrogate)."
+                )
+
+
+@bp.errorhandler(DataError)
+def _bad_value(error: DataError):
+    # A value Postgres refused (a cursor's time, a number out of range): the
+    # request's fault, answered as a bad request, never a 500.
+    return render_template(
+        "console/error.html", status=400, message="A value in the request is not valid."
+    ), 400
+
+
 @bp.before_request
 def _guard():
     """CSRF on every POST, then a session on every page but sign-in."""
     if request.endpoint == "console.static":
         return None
+    _check_text()
     if request.method == "POST":
         try:
             check_csrf()
