@@ -154,7 +154,11 @@ FORMS = [
 def test_no_form_reaches_a_500(signed_in, conn, form, values, extra):
     path, names = form
     row = park(conn)
-    fields = [("csrf_token", token_of(signed_in).encode()), *zip(names, values), *extra]
+    fields = [
+        ("csrf_token", token_of(signed_in).encode()),
+        *zip(names, values, strict=False),
+        *extra,
+    ]
     body = "&".join(
         f"{urllib.parse.quote(name)}={urllib.parse.quote_from_bytes(value, safe='')}"
         for name, value in fields
