@@ -55,8 +55,6 @@ EVENTS = {
     "dead_letter.dismiss": "a dead letter dismissed (admin API or console)",
     "api_key.create": "an API key created (CLI)",
     "api_key.revoke": "an API key revoked (CLI)",
-    "customer.register": "a customer registered to an actor (admin API or CLI)",
-    "customer.unregister": "a customer's registration removed (admin API or CLI)",
 }
 
 #: Free text (a target, a reason) is cut to this many characters.
