@@ -45,7 +45,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import System
+from bench.harness import System, parse_args
 from bench.servers import ReplicatedPostgres
 from devtools.fake_gateway import charges_per_key
 from devtools.procs import free_port, wait_http, web_args
@@ -69,7 +69,7 @@ ENGINE = {
     "MAX_LEASE_EXPIRIES": "5",
     "HORIZON_DAYS": "7",
 }
-#: The SPEC's bound on the pause of claims and creates, from the kill.
+#: Our bound on the pause of claims and creates, from the kill.
 PAUSE_TARGET = 15.0
 
 
@@ -658,7 +658,8 @@ def main() -> None:
     patroni.add_argument(
         "--agent-down", type=float, help="--fault agent: seconds until the agent is started again"
     )
-    args = parser.parse_args()
+    args = parse_args(parser)
+    args.short = args.short or args.smoke
     plan = dataclasses.replace(SHORT if args.short else FULL)
     if args.spike:
         plan.spike = args.spike

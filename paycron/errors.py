@@ -11,7 +11,16 @@ class PaycronError(Exception):
 
 
 class ConfigError(PaycronError):
+    """A setting is missing or wrong; the message names it, on one line."""
+
     code = "CONFIG_INVALID"
+
+
+class Unreachable(ConfigError):
+    """A server a setting names (``DATABASE_URL``, ``REDIS_URL``) did not
+    answer; the message names the setting and the host, never a password."""
+
+    code = "UNREACHABLE"
 
 
 class ValidationFailed(PaycronError):
@@ -26,7 +35,7 @@ class ValidationFailed(PaycronError):
 
 class CustomerNotYours(ValidationFailed):
     """The create names a processor customer that another actor used first
-    (SPEC §12: each customer belongs to the first actor that names it).
+    (docs/design.md: each customer belongs to the first actor that names it).
     Refused per field like any bad body, under a code of its own; nothing
     is created, and the answer says nothing more about that customer."""
 
@@ -87,7 +96,7 @@ class OutcomeUnknown(PaycronError):
     """A write that may or may not have taken effect: its commit's wait for
     the synchronous standby was cut (committed on the primary alone), or its
     connection was lost before the answer. Retrying with the same
-    Idempotency-Key returns what exists or creates it once (SPEC §15)."""
+    Idempotency-Key returns what exists or creates it once (docs/operations.md)."""
 
     code = "OUTCOME_UNKNOWN"
 

@@ -1,6 +1,6 @@
 """The classification at the heart of a run: pure, no database, no gateway.
 
-Both directions of SPEC §6. Each charge of the day is judged against its
+Both directions (docs/operations.md, Reconciliation). Each charge of the day is judged against its
 payment (the reference is the payment id): COMPLETED matches; FAILED or
 PENDING is our miss, to repair; PROCESSING is its worker's, deferred;
 CANCELLED, unknown, a different amount or currency, or a second charge for

@@ -1,5 +1,5 @@
 """The gateway-event service: applies the processor's stored events and polls
-payments whose event never came (SPEC §12), one River-shaped service.
+payments whose event never came (docs/design.md), one River-shaped service.
 
 Each run: apply pending events in batches (retrieve the processor-side
 payment, then :func:`paycron.store.processor_events.settle`); an event whose

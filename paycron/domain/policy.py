@@ -25,13 +25,13 @@ DEFAULT_RATE_LIMIT_DELAY = 1.0
 #: A 409 "key in use" is asked again after this, doubling per 409 in a row, capped.
 KEY_IN_USE_DELAY = 1.0
 KEY_IN_USE_MAX_DELAY = 60.0
-#: After this many 409s in a row the payment is looked up by reference (SPEC §3).
+#: After this many 409s in a row the payment is looked up by reference (docs/design.md).
 KEY_IN_USE_LOOKUP_AFTER = 10
 #: An old doubt whose lookup is not yet conclusive is asked about again after at least this.
 LOOKUP_RECHECK_DELAY = 300.0
 #: A payment AWAITING_GATEWAY without its event is polled after
 #: GATEWAY_POLL_SECONDS, then after these multiples of it, then every last
-#: one: with the default 5 min, SPEC §12's 5 min, 30 min, 2 h, every 12 h.
+#: one: with the default 5 min, the documented 5 min, 30 min, 2 h, every 12 h.
 POLL_BACKOFF = (6, 24, 144)
 #: Still processing after this long pages (SEPA can take 14 business days).
 AWAITING_PAGE_AFTER = 21 * 86400.0
@@ -261,12 +261,12 @@ def counts_expiry(call_in_flight: bool) -> bool:
 
 
 #: Charge statuses that mean the money moved: a refund is recorded, never
-#: taken as "not charged" (SPEC §3).
+#: taken as "not charged" (docs/design.md).
 CHARGED_STATUSES = frozenset({SUCCEEDED, REFUNDED})
 
 
 class Answer(StrEnum):
-    """A lookup's four answers (SPEC §3)."""
+    """A lookup's four answers (docs/design.md)."""
 
     CHARGED = "charged"  # the processor holds this payment, charged (also since refunded)
     PROCESSING = "processing"  # accepted there, outcome later

@@ -1,7 +1,7 @@
 """The dead-letter table: parked payments and what a human does with them.
 
 Re-drive first asks the processor by reference (it may forget idempotency
-keys after 24 h; SPEC §3): *charged* completes the payment; a conclusive
+keys after 24 h; docs/design.md): *charged* completes the payment; a conclusive
 *none* sends it back to PENDING with a fresh budget and the next key
 generation; anything else is refused with the reason (and, for an
 inconclusive *none*, the time it becomes conclusive). Refund goes through

@@ -202,6 +202,19 @@ class Executor:
             reason = item.decision.failure_reason
             if item.row["id"] in parked and reason in PARKED_REASONS:
                 metrics.DEAD_LETTERS.labels(reason.value).inc()
+                # A parked payment waits for a person: never an INFO line.
+                # In doubt (it may have been charged) is an ERROR.
+                log.log(
+                    logging.ERROR if item.decision.in_doubt else logging.WARNING,
+                    "payment %s parked %s%s after attempt %d (last error %s): "
+                    "see `paycron dlq show %s`",
+                    item.row["id"],
+                    reason.value,
+                    " in doubt" if item.decision.in_doubt else "",
+                    item.row["attempt"],
+                    item.result.error_code,
+                    item.row["id"],
+                )
             if item.row["id"] in parked and reason is FailureReason.GATEWAY_REJECTED:
                 # Our parameters changed under a live key: a bug or an API
                 # version change while in doubt; a human must look.
@@ -265,7 +278,7 @@ class Executor:
         return Finished(row, result, decision)
 
     def _key_may_be_forgotten(self, row: dict) -> bool:
-        """SPEC §12's key retention: a payment in doubt whose oldest unresolved
+        """Key retention (docs/design.md): a payment in doubt whose oldest unresolved
         call is so old that the processor may forget its key before this call
         lands must be looked up, not called (a forgotten key charges again)."""
         since = row.get("in_doubt_since")

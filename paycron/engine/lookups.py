@@ -1,4 +1,4 @@
-"""Asking the processor about one payment by reference (SPEC §3's lookups).
+"""Asking the processor about one payment by reference (docs/design.md's lookups).
 
 One function for every caller (a worker before parking, a re-drive, a
 refund, reconciliation): it lists what the processor holds for the payment

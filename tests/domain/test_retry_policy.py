@@ -297,7 +297,7 @@ DECIDE = [
 def test_a_retried_decline_moves_the_key_and_confirms_the_same_intent():
     d = decide(ANSWERS["retry_decline"], failures=0, in_doubt=False, config=CONFIG)
     assert (d.next_key, d.confirm) == (True, "pi_1")
-    # No other answer moves the key (SPEC §3: never after a 409, 429, 5xx,
+    # No other answer moves the key (docs/design.md: never after a 409, 429, 5xx,
     # timeout or idempotency_error).
     for name, answer in ANSWERS.items():
         if name != "retry_decline":

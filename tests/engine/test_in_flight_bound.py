@@ -1,4 +1,4 @@
-"""SPEC §3 as amended: when a call can still land (the in-flight bound), the
+"""The in-flight bound (docs/design.md): when a call can still land, the
 key retention rule, and one processor per payment. Against a scripted
 gateway over real HTTP and the real Postgres."""
 

@@ -1,4 +1,4 @@
--- The processor's signed events (SPEC §12): stored by the web as received,
+-- The processor's signed events (docs/design.md): stored by the web as received,
 -- applied by the scheduler's gateway-event service.
 
 -- name: store_gateway_event

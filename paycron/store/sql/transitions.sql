@@ -7,6 +7,7 @@
 -- plan_cache_mode = force_custom_plan, see paycron/store/db.py).
 
 -- name: cancel
+-- transition: PENDING -> CANCELLED
 -- PENDING -> CANCELLED, only while no earlier call may have charged.
 WITH cancelled AS (
     UPDATE payments SET status = 'CANCELLED', updated_at = now()
@@ -22,7 +23,7 @@ SELECT id FROM cancelled;
 -- name: lock_due_fairly
 -- The claim, step 1 (one transaction with claim_locked): lock up to
 -- %(limit)s due PENDING rows, shared across payers round-robin and oldest
--- first within each payer (SPEC §14): each payer with due work gets an equal
+-- first within each payer (docs/design.md): each payer with due work gets an equal
 -- share of the batch, and the rows come back as every payer's oldest, then
 -- every payer's second, ... A FIFO over run_at let one payer's backlog of
 -- 1,500 hold another payer's 15 back by 15 s at 100/s. A payer with less
@@ -36,16 +37,20 @@ SELECT id FROM cancelled;
 -- lets Postgres prune every future partition at PLAN time: with now() it
 -- prunes only at run time, after locking and planning all ~375 partitions
 -- (1,878 locks per claim instead of 13, measured on PostgreSQL 15).
+-- due_at >= %(live_from)s (the live bound, migration 012: no payment below it
+-- is PENDING) prunes the settled past days the same way, so planning does not
+-- grow with the days kept attached for the retention (bench/sweep_history.py).
 -- A payment first called at another processor than %(processor)s is never
--- claimed (SPEC §3: one processor per payment): it waits for an operator.
+-- claimed (docs/design.md: one processor per payment): it waits for an operator.
 WITH RECURSIVE payers(payer) AS (
     (SELECT payer FROM payments
      WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s
+       AND due_at >= %(live_from)s
      ORDER BY payer LIMIT 1)
     UNION ALL
     SELECT (SELECT p.payer FROM payments p
             WHERE p.status = 'PENDING' AND p.run_at <= now() AND p.due_at <= %(now)s
-              AND p.payer > payers.payer
+              AND p.due_at >= %(live_from)s AND p.payer > payers.payer
             ORDER BY p.payer LIMIT 1)
     FROM payers WHERE payers.payer IS NOT NULL
 ), share AS (
@@ -58,7 +63,7 @@ WITH RECURSIVE payers(payer) AS (
     CROSS JOIN LATERAL (
         SELECT id, due_at, run_at FROM payments
         WHERE payer = payers.payer AND status = 'PENDING' AND run_at <= now()
-          AND due_at <= %(now)s
+          AND due_at <= %(now)s AND due_at >= %(live_from)s
           AND (processor IS NULL OR processor = %(processor)s)
         ORDER BY run_at LIMIT share.rows_each
         FOR UPDATE SKIP LOCKED
@@ -67,18 +72,30 @@ WITH RECURSIVE payers(payer) AS (
 )
 SELECT id, due_at FROM turns ORDER BY turn, run_at, id LIMIT %(limit)s;
 
+-- name: next_due_wait
+-- Seconds until the sweep next has work, on the database's clock: the
+-- earliest run_at still ahead among PENDING rows due by %(until)s (null:
+-- none before then). Only rows still ahead: one due but left unclaimed (a
+-- payment of another processor) never makes the sweep spin. The sweep index
+-- gives each pruned partition's first run_at.
+SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 AS seconds
+FROM payments
+WHERE status = 'PENDING' AND run_at > clock_timestamp() AND run_at <= %(until)s
+  AND due_at <= %(until)s AND due_at >= %(live_from)s;
+
 -- name: count_queued
 -- Claims waiting for their call (PROCESSING, no attempt row yet): the sweep
 -- keeps only about two seconds of the ceiling queued beyond what is in
--- flight, so a later payer's claim is never behind a long FIFO (SPEC §14).
+-- flight, so a later payer's claim is never behind a long FIFO (docs/design.md).
 -- The reaper's partial index finds PROCESSING rows; future partitions are
 -- pruned at plan time as in lock_due_fairly.
 SELECT count(*) AS n FROM payments p
-WHERE p.status = 'PROCESSING' AND p.due_at <= %(now)s
+WHERE p.status = 'PROCESSING' AND p.due_at <= %(now)s AND p.due_at >= %(live_from)s
   AND NOT EXISTS (SELECT 1 FROM attempts a
                   WHERE a.payment_id = p.id AND a.attempt = p.attempt);
 
 -- name: claim_locked
+-- transition: PENDING -> PROCESSING
 -- The claim, step 2: PENDING -> PROCESSING for the rows step 1 locked,
 -- stamping a lease and attempt + 1, with their events. A separate statement
 -- naming the rows (not an UPDATE joined to the locking subquery) because,
@@ -141,6 +158,7 @@ WITH claim AS (
 SELECT f.*, s.started_at FROM fenced f JOIN started s ON s.payment_id = f.id;
 
 -- name: finish_attempts
+-- transition: PROCESSING -> PENDING, AWAITING_GATEWAY, COMPLETED, FAILED
 -- Each call's outcome on its own attempt row (also after the reaper marked
 -- it LEASE_EXPIRED: the real outcome wins), then the payment's CAS fenced on
 -- the attempt (a zombie changes no status), an event per outcome, and a
@@ -165,7 +183,7 @@ WITH outcome AS (
 ), moved AS (
     -- in_doubt_since: when the oldest unresolved call was made (the key
     -- retention rule), kept while in doubt, cleared with the doubt.
-    -- calls_land_by, the in-flight bound (SPEC §3): a call that may still
+    -- calls_land_by, the in-flight bound (docs/design.md): a call that may still
     -- land (sent, no definitive answer, not a replay) can land until its
     -- lease end + call timeout + the processor's settle margin.
     UPDATE payments p
@@ -225,6 +243,7 @@ LEFT JOIN finished f ON f.payment_id = o.id
 LEFT JOIN moved m ON m.id = o.id;
 
 -- name: complete_late_success
+-- transition: FAILED -> COMPLETED
 -- A call whose answer came after its payment was parked in doubt (a hung
 -- worker's late SUCCEEDED, already on its own attempt row): the payment is
 -- FAILED only because nobody knew; the money moved, so it is COMPLETED by
@@ -275,6 +294,7 @@ ORDER BY p.id
 FOR UPDATE OF p;
 
 -- name: release_claims
+-- transition: PROCESSING -> PENDING
 -- Give held claims back without a call and without using budget (the
 -- breaker is open, or the broker refused the message): run_at is kept, so
 -- the backlog drains oldest-first later. Fenced on what a worker's start
@@ -313,11 +333,13 @@ SELECT p.id, p.due_at, p.attempt, p.lease_expiries, p.failures, p.in_doubt,
 FROM payments p
 LEFT JOIN attempts a ON a.payment_id = p.id AND a.attempt = p.attempt
 WHERE p.status = 'PROCESSING' AND p.lease_until < now() AND p.due_at <= %(now)s
+  AND p.due_at >= %(live_from)s
 ORDER BY p.lease_until
 LIMIT %(limit)s
 FOR UPDATE OF p SKIP LOCKED;
 
 -- name: reap_locked
+-- transition: PROCESSING -> PENDING, FAILED
 -- The reap, step 2: each locked row to the state the policy decided
 -- (PENDING, or FAILED LEASE_EXPIRED_REPEATEDLY), guarded again on status +
 -- lease + attempt so a row that completed is never overwritten (River
@@ -374,6 +396,7 @@ WITH decided AS (
 SELECT id, status, in_doubt FROM reaped;
 
 -- name: complete_from_gateway
+-- transition: FAILED, PENDING -> COMPLETED
 -- FAILED or PENDING -> COMPLETED because the gateway holds a charge for the
 -- payment (a lookup by reference, or the settlement report): attempt + 1 for
 -- the audit row that records how we learned it, an event, and the open dead
@@ -407,6 +430,7 @@ WITH completed AS (
 SELECT id, attempt FROM completed;
 
 -- name: redrive
+-- transition: FAILED -> PENDING
 -- A parked payment back to PENDING with a fresh budget and the next key
 -- generation (the processor may replay a stored answer for the old key),
 -- after a lookup found nothing conclusively (paycron.engine.dead_letters). Only
@@ -438,8 +462,9 @@ WITH redriven AS (
 SELECT id FROM redriven;
 
 -- name: await_from_lookup
+-- transition: FAILED, PENDING -> AWAITING_GATEWAY
 -- FAILED or PENDING -> AWAITING_GATEWAY because a lookup found the processor
--- still processing a payment for it (a re-drive, SPEC §3): attempt + 1 for
+-- still processing a payment for it (a re-drive, docs/design.md): attempt + 1 for
 -- the audit row of the lookup, an event, the open dead letter resolved.
 WITH waiting AS (
     UPDATE payments
@@ -473,6 +498,7 @@ WITH waiting AS (
 SELECT id, attempt FROM waiting;
 
 -- name: settle_awaiting
+-- transition: AWAITING_GATEWAY -> COMPLETED, FAILED
 -- AWAITING_GATEWAY -> COMPLETED or FAILED (DECLINED) from the processor's
 -- truth (its payment retrieved after a signed event, or by the poller),
 -- fenced on the processor-side payment the row waits for: an event about
