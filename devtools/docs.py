@@ -119,7 +119,8 @@ def configuration_table() -> str:
 
 
 def openapi_document() -> dict:
-    """The document ``GET /openapi.json`` serves, built without a database."""
+    """The document ``GET /openapi.json`` serves to an admin key (others
+    get it without the admin routes), built without a database."""
     from flask import Flask
 
     from paycron.config import Config

@@ -164,19 +164,31 @@ def web_args(port: int, workers: int | None = None, threads: int | None = None) 
     """The Procfile's web command on 127.0.0.1:``port`` (the Procfile binds
     0.0.0.0 for a platform's router; a harness listens on loopback only).
 
-    ``workers`` is ``WEB_CONCURRENCY`` (default 2 x cores + 1, gunicorn's
-    guidance); ``threads`` also sets ``--worker-connections``, so each worker
-    holds only the connections it is serving: the rest wait in the listen
-    backlog, where a crashing worker cannot take them down with it. A
-    SIGKILLed worker loses its in-flight requests; more, smaller workers lose
-    fewer (bench.api_churn: 6.9 failures per 10,000 requests with 3 x 4
-    threads, 1.4 with 5 x 4 and --worker-connections).
+    ``workers`` is ``WEB_CONCURRENCY`` (default 5). The Procfile runs
+    gunicorn's gevent worker: each connection is a greenlet, so a slow client
+    holds no thread, and ``--keep-alive 5`` is also how long a request's
+    headers may take to arrive (docs/slow-clients.md). ``threads`` is for a
+    threaded worker class only (``--worker-class gthread`` set by the
+    caller): it sets ``--threads`` and ``--worker-connections`` alike; with
+    the gevent worker it is ignored.
     """
     args = procfile_args("web", PORT=port, WEB_CONCURRENCY=workers)
     args = set_option(args, "--bind", f"127.0.0.1:{port}")
-    if threads is not None:
+    if threads is not None and "--threads" in args:
         args = set_option(set_option(args, "--threads", threads), "--worker-connections", threads)
     return args
+
+
+def threaded_web_args(port: int, workers: int = 5, threads: int = 4) -> list[str]:
+    """The web command as the Procfile ran it before the gevent worker
+    (gthread, ``threads`` per worker, one connection per thread, no
+    keep-alive): the baseline ``bench.slowloris`` compares with."""
+    args = web_args(port, workers=workers)
+    args = set_option(args, "--worker-class", "gthread")
+    args = set_option(args, "--worker-connections", threads)
+    args = set_option(args, "--keep-alive", 0)
+    at = args.index("--worker-class")
+    return [*args[:at], "--threads", str(threads), *args[at:]]
 
 
 def worker_args(processes: int | None = None, threads: int | None = None) -> list[str]:

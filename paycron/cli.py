@@ -20,8 +20,10 @@ import redis
 from paycron.config import Config
 from paycron.domain.ids import parse_payment_id
 from paycron.engine import dead_letters
-from paycron.errors import ConfigError, PaycronError
+from paycron.errors import ConfigError, GatewayError, PaycronError
 from paycron.limits.pacing import CallLimiter
+from paycron.observability.audit import configure_audit_log
+from paycron.observability.audit import record as audit
 from paycron.observability.sentry import init_sentry
 from paycron.observability.startup import EXIT_CONFIG, report
 from paycron.processors.factory import build_processor
@@ -113,6 +115,12 @@ def api_key_create(actor: str, admin: bool) -> None:
     """Create a key; it is printed once, alone on the last line."""
     with connect(_config()) as conn:
         key, row = apikeys.create_api_key(conn, actor, admin=admin)
+    _audit_cli(
+        "api_key.create",
+        "success",
+        target=f"key {row['id']} of {actor}",
+        reason=",".join(row["scopes"]),
+    )
     click.echo(
         f"# actor={_printable(row['actor'])} prefix={row['prefix']} "
         f"scopes={','.join(row['scopes'])}",
@@ -154,6 +162,11 @@ def api_key_revoke(prefix: str | None, key_id: int | None) -> None:
             revocation = apikeys.revoke_api_key(conn, prefix)
             what = f"prefix {_printable(prefix)}"
     row = revocation.revoked
+    _audit_cli(
+        "api_key.revoke",
+        "success" if row is not None else "failure",
+        target=f"key {row['id']} of {row['actor']}" if row else f"prefix {prefix} id {key_id}",
+    )
     if revocation.ambiguous:
         click.echo(
             f"{len(revocation.ambiguous)} active keys share {what}; nothing revoked. "
@@ -244,7 +257,14 @@ def _as_the_api_says(found: dict, schema: str) -> dict:
     return getattr(admin, schema)().dump(found)
 
 
-def _dlq_action(action, payment_id: str, **kwargs) -> None:
+def _audit_cli(event: str, outcome: str, **fields) -> None:
+    """An audit line for a command run from a shell: the login is the actor."""
+    configure_audit_log()
+    fields.setdefault("actor", getpass.getuser())
+    audit(event, outcome, channel="cli", **fields)
+
+
+def _dlq_action(action, payment_id: str, *, event: str, **kwargs) -> None:
     config = _config()
     gateway = build_processor(
         config,
@@ -254,12 +274,20 @@ def _dlq_action(action, payment_id: str, **kwargs) -> None:
         else None,
     )
     with connect(config) as conn:
+        target = _payment_id(payment_id)
+        fields = {"actor": kwargs["actor"], "target": target}
         try:
-            result = action(conn, gateway, _payment_id(payment_id), **kwargs)
+            result = action(conn, gateway, target, **kwargs)
         except PaycronError as exc:
+            outcome = "failure" if isinstance(exc, GatewayError) else "refused"
+            _audit_cli(event, outcome, reason=str(exc), **fields)
             raise click.ClickException(f"{exc.code}: {_printable(str(exc))}") from None
+        except Exception as exc:
+            _audit_cli(event, "failure", reason=type(exc).__name__, **fields)
+            raise
         finally:
             gateway.close()
+        _audit_cli(event, "success", reason=kwargs.get("note"), **fields)
     # the detail quotes the gateway's ids and the operator's note
     click.echo(f"{result.payment_id} {result.action}: {_printable(result.detail)}")
 
@@ -277,7 +305,7 @@ _by = click.option(
 @_by
 def dlq_redrive(payment_id: str, by: str) -> None:
     """Look the charge up; complete if found, else PENDING with a fresh budget."""
-    _dlq_action(dead_letters.redrive, payment_id, actor=by)
+    _dlq_action(dead_letters.redrive, payment_id, event="dead_letter.redrive", actor=by)
 
 
 @dlq.command("refund")
@@ -285,7 +313,7 @@ def dlq_redrive(payment_id: str, by: str) -> None:
 @_by
 def dlq_refund(payment_id: str, by: str) -> None:
     """Refund the payment's charge at the gateway (keyed refund:<id>)."""
-    _dlq_action(dead_letters.refund, payment_id, actor=by)
+    _dlq_action(dead_letters.refund, payment_id, event="dead_letter.refund", actor=by)
 
 
 @dlq.command("dismiss")
@@ -297,6 +325,7 @@ def dlq_dismiss(payment_id: str, by: str, note: str | None) -> None:
     _dlq_action(
         lambda conn, _gw, pid, **kw: dead_letters.dismiss(conn, pid, **kw),
         payment_id,
+        event="dead_letter.dismiss",
         actor=by,
         note=note,
     )

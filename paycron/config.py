@@ -10,6 +10,7 @@ pass the result down explicitly.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -45,6 +46,22 @@ def _url(text: str) -> str:
     return text.rstrip("/")
 
 
+_URL_PASSWORD = re.compile(r"(?P<head>^[a-z][a-z0-9+.-]*://[^/@:?#]*:)[^/@?#]*(?=@)", re.I)
+_KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#]*", re.I)
+
+
+def redact_url(url: str | None) -> str | None:
+    """A database or Redis URL as it may be shown: its password, in any of
+    the forms libpq and redis-py accept (``user:pw@``, ``?password=``,
+    ``password=...`` in a key/value string), replaced by ``***``."""
+    if url is None:
+        return None
+    for pattern in (_URL_PASSWORD, _KV_PASSWORD, _QUERY_PASSWORD):
+        url = pattern.sub(lambda m: m.group("head") + "***", url)
+    return url
+
+
 def setting(default, parse: Callable[[str], object], *, secret: bool = False):
     """A field read from the environment by :meth:`Config.from_env`, with
     ``parse`` turning the variable's text into the value. A ``secret`` is
@@ -63,6 +80,13 @@ def _processor(text: str) -> str:
     if text.lower() not in PROCESSORS:
         raise ValueError(f"expected one of {', '.join(PROCESSORS)}")
     return text.lower()
+
+
+def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Comma-separated addresses or CIDR networks (``10.0.0.0/8, ::1``)."""
+    return tuple(
+        ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip()
+    )
 
 
 def _secrets(text: str) -> tuple[str, ...]:
@@ -184,6 +208,16 @@ class Config:
     webhook_backoff_max_seconds: float = setting(600.0, parse_duration)
     #: Scheduler and worker processes serve their counters here (see paycron.observability.metrics).
     metrics_port: int | None = setting(None, int)
+    #: ...on this address: loopback unless an operator opens it (the
+    #: listener has no authentication; ``0.0.0.0`` for a scraper elsewhere).
+    metrics_host: str = setting("127.0.0.1", str)
+    #: Proxies (addresses or CIDR networks, comma-separated) whose
+    #: ``X-Forwarded-For`` the audit log believes; from any other peer the
+    #: header is ignored and the peer's address is the client's.
+    trusted_proxies: tuple = setting((), _networks)
+    #: A request body must arrive whole within this time (slow senders hold
+    #: a connection, not a worker: web/intake.py).
+    web_body_timeout_seconds: float = setting(10.0, parse_duration)
     #: The web port serves /metrics only to ``Authorization: Bearer <this>``;
     #: unset, it does not serve /metrics at all (404).
     metrics_token: str | None = setting(None, str, secret=True)
@@ -280,6 +314,20 @@ class Config:
         """Ids per message such that every call of the group fits in half a lease."""
         fits = int(self.lease_seconds / 2 // self.gateway_timeout_seconds)
         return max(1, min(self.message_group_size, fits))
+
+    def __repr__(self) -> str:
+        # The generated repr, less the secrets (``repr=False`` fields) and
+        # with the passwords inside the database and Redis URLs hidden: a
+        # Config reaches logs, tracebacks and Sentry.
+        shown = []
+        for f in fields(self):
+            if not f.repr:
+                continue
+            value = getattr(self, f.name)
+            if f.name in ("database_url", "redis_url"):
+                value = redact_url(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"Config({', '.join(shown)})"
 
     def with_overrides(self, **changes) -> Config:
         return replace(self, **changes)

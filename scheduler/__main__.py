@@ -126,7 +126,7 @@ def main() -> None:
         if not wait_until_current(lambda: schema_pending(config), stop, log=log):
             return
         scheduler = build(config)
-    serve_metrics(config.metrics_port, component="scheduler")
+    serve_metrics(config.metrics_port, component="scheduler", host=config.metrics_host)
     log.info(
         "scheduler started: rate=%s/s batch=%s lease=%ss group=%s",
         config.gateway_rate_limit,

@@ -21,7 +21,7 @@ _dispatcher: Dispatcher | None = None
 
 
 def build_dispatcher(config: Config) -> Dispatcher:
-    serve_metrics(config.metrics_port, component="worker")
+    serve_metrics(config.metrics_port, component="worker", host=config.metrics_host)
     client = make_redis(config)
     most = config.gateway_max_in_flight  # the in-flight limit's ceiling
     limit = InFlightLimit(

@@ -319,3 +319,24 @@ def pytest_collection_modifyitems(config, items):
         folder = item.path.resolve().relative_to(root).parts[0]
         if folder in SLOW_FOLDERS or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def audit_lines():
+    """Every line written to the audit log (``paycron.audit``) while the
+    test runs, parsed: a list that fills as the test goes."""
+    import json
+    import logging
+
+    lines: list[dict] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(json.loads(record.getMessage()))
+
+    logger = logging.getLogger("paycron.audit")
+    handler = Keep(level=logging.INFO)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(handler)

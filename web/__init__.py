@@ -11,11 +11,22 @@ from paycron.config import Config
 from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter
 from paycron.limits.rate_limits import ActorRateLimiter
-from paycron.observability.sentry import init_sentry
+from paycron.observability.audit import configure_audit_log
+from paycron.observability.sentry import configure_logging, init_sentry
 from paycron.processors.factory import build_processor
 from paycron.store.apikeys import PrincipalCache
 from paycron.store.db import make_pool, make_redis
-from web import admin, console, events, gateway_events, health, metrics, payments, webhooks
+from web import (
+    admin,
+    console,
+    events,
+    gateway_events,
+    health,
+    intake,
+    metrics,
+    payments,
+    webhooks,
+)
 from web.api import Api
 from web.problems import register_error_handlers
 from web.schemas import now_utc
@@ -25,11 +36,15 @@ API_BLUEPRINTS = (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp, gate
 
 
 def create_app(config: Config | None = None, clock: Callable[[], datetime] = now_utc) -> Flask:
-    """The composition root of the web process: config, Sentry as "web", the
-    pool, the Redis client, the gateway adapter, the blueprints. ``clock``
-    is for tests."""
+    """The composition root of the web process: config, Sentry as "web",
+    logging (the audit log on standard error), the pool, the Redis client,
+    the gateway adapter, the blueprints. ``clock`` is for tests."""
     config = config or Config.from_env()
     init_sentry(config, component="web")
+    # Without this the process's log lines (and the audit log) go nowhere:
+    # gunicorn configures only its own loggers.
+    configure_logging()
+    configure_audit_log()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.sort_keys = False
@@ -50,6 +65,7 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     )
     breaker = CircuitBreaker(app.extensions["paycron.redis"], config)
     register_error_handlers(app)
+    intake.install(app)  # bodies read whole, bounded in size and time
     metrics.install(app, breaker=breaker)
     api = Api(app)  # serves GET /openapi.json, generated from the blueprints' schemas
     for blueprint in API_BLUEPRINTS:

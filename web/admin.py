@@ -14,6 +14,7 @@ from marshmallow import Schema, fields, validate
 from paycron.domain.ids import parse_payment_id
 from paycron.engine import dead_letters
 from web.api import Blueprint
+from web.audit import audit, audited
 from web.auth import require_admin
 from web.problems import NOT_JSON, TOO_LARGE, problem
 from web.schemas import NO_NUL, PathId, PaymentSchema, ResponseSchema, Strict, unicode_text
@@ -99,7 +100,9 @@ def _pool():
 def index(limit: int):
     """Open dead letters (admin)."""
     with _pool().connection() as conn:
-        return {"data": dead_letters.list_open(conn, limit=limit)}
+        page = {"data": dead_letters.list_open(conn, limit=limit)}
+    audit("admin.read", "success", target=f"dead letters (limit {limit})", channel="api")
+    return page
 
 
 @bp.get("/<payment_id>")
@@ -108,8 +111,9 @@ def index(limit: int):
 @bp.response(200, DeadLetterDetailSchema, description="The payment and every dead letter it had.")
 def show(payment_id: UUID):
     """A parked payment and its dead letters (admin)."""
-    with _pool().connection() as conn:
-        return dead_letters.show(conn, payment_id)
+    with audited("admin.read", target=f"dead letter {payment_id}", channel="api"):
+        with _pool().connection() as conn:
+            return dead_letters.show(conn, payment_id)
 
 
 _GATEWAY_UNAVAILABLE = problem("The gateway could not be asked (GATEWAY_UNAVAILABLE).")
@@ -142,20 +146,22 @@ def redrive(payment_id: UUID):
 
     Completes it if the gateway holds the charge, else puts it back to PENDING
     with a fresh budget."""
-    with _pool().connection() as conn:
-        return dead_letters.redrive(
-            conn, current_app.extensions["paycron.gateway"], payment_id, actor=g.principal.actor
-        )
+    with audited("dead_letter.redrive", target=payment_id, channel="api"):
+        with _pool().connection() as conn:
+            return dead_letters.redrive(
+                conn, current_app.extensions["paycron.gateway"], payment_id, actor=g.principal.actor
+            )
 
 
 @bp.post("/<payment_id>/refund")
 @_gateway_action("Resolved already, or the gateway holds no charge (DEAD_LETTER_ACTION_REFUSED).")
 def refund(payment_id: UUID):
     """Refund the charge the gateway holds and close the dead letter (admin)."""
-    with _pool().connection() as conn:
-        return dead_letters.refund(
-            conn, current_app.extensions["paycron.gateway"], payment_id, actor=g.principal.actor
-        )
+    with audited("dead_letter.refund", target=payment_id, channel="api"):
+        with _pool().connection() as conn:
+            return dead_letters.refund(
+                conn, current_app.extensions["paycron.gateway"], payment_id, actor=g.principal.actor
+            )
 
 
 @bp.post("/<payment_id>/dismiss")
@@ -169,5 +175,6 @@ def refund(payment_id: UUID):
 @bp.alt_response(415, **NOT_JSON)
 def dismiss(payment_id: UUID, note: str | None):
     """Close the dead letter without action, with an optional note (admin)."""
-    with _pool().connection() as conn:
-        return dead_letters.dismiss(conn, payment_id, actor=g.principal.actor, note=note)
+    with audited("dead_letter.dismiss", target=payment_id, channel="api", reason=note):
+        with _pool().connection() as conn:
+            return dead_letters.dismiss(conn, payment_id, actor=g.principal.actor, note=note)

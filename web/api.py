@@ -11,9 +11,12 @@ ids), and that errors are answered by ``web.problems``.
 
 from __future__ import annotations
 
+import copy
+import json
+
 import flask_smorest
 from apispec import BasePlugin
-from flask import Flask
+from flask import Flask, current_app, request
 from marshmallow import EXCLUDE, Schema
 from webargs import core
 from webargs.flaskparser import FlaskParser
@@ -139,6 +142,71 @@ class Api(flask_smorest.Api):
 
     def handle_http_exception(self, error):
         return http_problem(error)
+
+    def _openapi_json(self):
+        """The document, with the admin routes only for an admin key: to
+        anyone else they do not exist (they answer 404), so they are not
+        described either."""
+        document = self.spec.to_dict()
+        if not _asked_by_admin():
+            document = without_admin(document)
+        return current_app.response_class(
+            json.dumps(document, indent=2, sort_keys=False), mimetype="application/json"
+        )
+
+
+ADMIN_PREFIX = "/v1/admin/"
+
+
+def _asked_by_admin() -> bool:
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return False
+    principal = current_app.extensions["paycron.principals"].authenticate(
+        current_app.extensions["paycron.pool"], key.strip()
+    )
+    return principal is not None and principal.is_admin
+
+
+def _refs(node, found: set[str]) -> set[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                found.add(value.rsplit("/", 1)[-1])
+            else:
+                _refs(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            _refs(value, found)
+    return found
+
+
+def without_admin(document: dict) -> dict:
+    """``document`` less the admin paths, their tags and the schemas only
+    they use."""
+    document = copy.deepcopy(document)
+    paths = document.get("paths", {})
+    for path in [p for p in paths if p.startswith(ADMIN_PREFIX)]:
+        del paths[path]
+    used_tags = {
+        t
+        for item in paths.values()
+        for op in item.values()
+        if isinstance(op, dict)
+        for t in op.get("tags", [])
+    }
+    if "tags" in document:
+        document["tags"] = [t for t in document["tags"] if t["name"] in used_tags]
+    schemas = document.get("components", {}).get("schemas", {})
+    keep = _refs({k: v for k, v in document.items() if k != "components"}, set())
+    while True:  # what the kept schemas use, transitively
+        more = _refs([schemas[name] for name in keep if name in schemas], set()) - keep
+        if not more:
+            break
+        keep |= more
+    for name in [n for n in schemas if n not in keep]:
+        del schemas[name]
+    return document
 
 
 def document_schema(app: Flask, component: str, schema: Schema) -> Schema:

@@ -14,6 +14,7 @@ from flask import current_app, g, request
 
 from paycron.store.apikeys import Principal
 from web.api import BEARER, Blueprint
+from web.audit import audit, request_target
 from web.problems import PROBLEM_JSON, Problem, ProblemSchema
 
 _UNAUTHENTICATED = {
@@ -44,11 +45,15 @@ def _principal() -> Principal:
     header = request.headers.get("Authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
+        audit("api.unauthorized", "refused", target=request_target(), reason="no bearer key")
         raise Problem(401, "UNAUTHENTICATED", "send Authorization: Bearer <api key>")
     principal = current_app.extensions["paycron.principals"].authenticate(
         current_app.extensions["paycron.pool"], key.strip()
     )
     if principal is None:
+        audit(
+            "api.unauthorized", "refused", target=request_target(), reason="unknown or revoked key"
+        )
         raise Problem(401, "UNAUTHENTICATED", "the API key is unknown or revoked")
     current_app.extensions["paycron.rate_limiter"].charge(principal.actor)
     return principal
@@ -75,6 +80,7 @@ def require_admin(view):
     def wrapper(*args, **kwargs):
         g.principal = _principal()
         if not g.principal.is_admin:
+            audit("api.forbidden", "refused", target=request_target(), reason="not an admin key")
             raise Problem(404, "NOT_FOUND", "not found")
         return view(*args, **kwargs)
 

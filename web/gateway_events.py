@@ -13,6 +13,10 @@ is not lost.
 
 from __future__ import annotations
 
+import json
+import re
+import time
+
 import stripe
 from flask import current_app, request
 from marshmallow import fields
@@ -37,25 +41,77 @@ class ReceivedSchema(ResponseSchema):
     duplicate = fields.Boolean()
 
 
-def _verified(payload: bytes, signature: str, secrets: tuple[str, ...]) -> stripe.Event:
+def _signed_at(signature: str) -> int | None:
+    for part in signature.split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "t":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _verified(payload: bytes, signature: str, secrets: tuple[str, ...]) -> dict:
+    """The event, once its signature checks out with one of ``secrets``
+    and it was signed within the tolerance of now, before or after (the
+    SDK checks only the past: a signature dated tomorrow would replay until
+    then)."""
+    signed_at = _signed_at(signature)
+    if signed_at is not None and signed_at > time.time() + SIGNATURE_TOLERANCE_SECONDS:
+        raise Problem(400, "INVALID_SIGNATURE", "the Stripe-Signature is dated in the future")
     for secret in secrets:
         try:
-            return stripe.Webhook.construct_event(
+            stripe.WebhookSignature.verify_header(
                 payload, signature, secret, tolerance=SIGNATURE_TOLERANCE_SECONDS
             )
+            break
         except stripe.SignatureVerificationError:
             continue
-        except ValueError:  # not JSON: nothing a signature could make right
+        except UnicodeDecodeError:  # not text: nothing a signature could make right
             break
-    raise Problem(
-        400, "INVALID_SIGNATURE", "the Stripe-Signature header is missing, wrong or too old"
-    )
+    else:
+        raise Problem(
+            400, "INVALID_SIGNATURE", "the Stripe-Signature header is missing, wrong or too old"
+        )
+    return _event(payload)
+
+
+def _event(payload: bytes) -> dict:
+    """A signed body that is no event is refused (400, stored nowhere), so
+    the processor stops retrying it rather than meeting a 500 for days."""
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        event = None
+    if not isinstance(event, dict):
+        raise Problem(400, "INVALID_EVENT", "the signed body is not a JSON object")
+    event_id, kind = event.get("id"), event.get("type")
+    if not isinstance(event_id, str) or not _EVENT_ID.fullmatch(event_id):
+        raise Problem(400, "INVALID_EVENT", "the event has no id (evt_…)")
+    if not isinstance(kind, str) or not 0 < len(kind) <= 100:
+        raise Problem(400, "INVALID_EVENT", "the event has no type")
+    data = event.get("data", {})
+    if not isinstance(data, dict) or not isinstance(data.get("object", {}), dict):
+        raise Problem(400, "INVALID_EVENT", "the event's data is not an object")
+    metadata = data.get("object", {}).get("metadata", {})
+    if metadata is not None and not isinstance(metadata, dict):
+        raise Problem(400, "INVALID_EVENT", "the object's metadata is not an object")
+    return event
+
+
+#: Stripe's event ids: a prefix and letters and digits, well under 255.
+_EVENT_ID = re.compile(r"[A-Za-z0-9_]{1,255}")
 
 
 @bp.post("/v1/gateway-events/stripe")
 @bp.response(200, ReceivedSchema, description="Verified and stored (or already stored).")
 @bp.alt_response(
-    400, **problem("No, a wrong or a stale signature (INVALID_SIGNATURE): nothing is stored.")
+    400,
+    **problem(
+        "No, a wrong, a stale or a future-dated signature (INVALID_SIGNATURE), or a signed "
+        "body that is no event (INVALID_EVENT): nothing is stored."
+    ),
 )
 @bp.alt_response(
     404,
@@ -73,5 +129,5 @@ def receive_stripe_event():
     signature = request.headers.get("Stripe-Signature", "")
     event = _verified(request.get_data(cache=False), signature, secrets)
     with current_app.extensions["paycron.pool"].connection() as conn:
-        stored = gateway_events.store(conn, processor="stripe", event=event.to_dict())
+        stored = gateway_events.store(conn, processor="stripe", event=event)
     return {"received": True, "duplicate": not stored}

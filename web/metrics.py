@@ -28,9 +28,14 @@ from prometheus_client import (
 
 from paycron.observability.metrics import DatabaseCollector
 from paycron.sql import q
+from web.audit import audit, request_target
 from web.problems import Problem
 
 bp = Blueprint("metrics", __name__)
+
+#: The methods the request counter names; any other (a client may send any
+#: token as a method) is counted as "other", so no client can add series.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 HTTP_REQUESTS = Counter(
     "paycron_http_requests", "API requests answered", ["method", "endpoint", "status"]
@@ -58,6 +63,7 @@ def _require_metrics_token() -> None:
     if scheme.lower() != "bearer" or not hmac.compare_digest(
         presented.strip().encode(), token.encode()
     ):
+        audit("metrics.unauthorized", "refused", target=request_target())
         raise Problem(401, "UNAUTHENTICATED", "/metrics needs Authorization: Bearer METRICS_TOKEN")
 
 
@@ -93,7 +99,8 @@ def install(app: Flask, *, breaker) -> None:
     @app.after_request
     def _count(response):
         endpoint = request.url_rule.rule if request.url_rule else "unmatched"
-        HTTP_REQUESTS.labels(request.method, endpoint, str(response.status_code)).inc()
+        method = request.method if request.method in METHODS else "other"
+        HTTP_REQUESTS.labels(method, endpoint, str(response.status_code)).inc()
         if "request_started" in g:
             HTTP_LATENCY.labels(endpoint).observe(time.perf_counter() - g.request_started)
         return response

@@ -144,18 +144,20 @@ class DatabaseCollector(Collector):
 METRICS_PORT_SPAN = 32
 
 
-def serve_metrics(base_port: int | None, *, component: str) -> int | None:
-    """Serve this process's counters on the first free port from ``base_port``."""
+def serve_metrics(base_port: int | None, *, component: str, host: str = "127.0.0.1") -> int | None:
+    """Serve this process's counters on ``host`` (``METRICS_HOST``: loopback
+    unless opened; the listener has no authentication), on the first free
+    port from ``base_port``."""
     if not base_port:
         return None
     from prometheus_client import start_http_server
 
     for port in range(base_port, base_port + METRICS_PORT_SPAN):
         try:
-            start_http_server(port)
+            start_http_server(port, addr=host)
         except OSError:
             continue
-        log.info("%s metrics on :%d/metrics", component, port)
+        log.info("%s metrics on %s:%d/metrics", component, host, port)
         return port
     log.warning(
         "%s: no free metrics port in %d..%d",

@@ -163,10 +163,14 @@ def scrub(event: dict, hint: dict | None = None) -> dict | None:
     if isinstance(request, dict):
         request.pop("data", None)
         request.pop("cookies", None)
+        # a query string names payers (``?payer=…``): the path alone is kept
+        request.pop("query_string", None)
+        if isinstance(request.get("url"), str):
+            request["url"] = request["url"].split("?", 1)[0]
         headers = request.get("headers")
         if isinstance(headers, dict):
             for name in list(headers):
-                if name.lower() in _SCRUBBED_KEYS:
+                if name.lower() in _SCRUBBED_KEYS or name.lower() in ("cookie", "referer"):
                     headers[name] = "[scrubbed]"
     extra = event.get("extra")
     if isinstance(extra, dict):

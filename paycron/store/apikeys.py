@@ -59,6 +59,19 @@ def _find_principal(conn: Connection, key_hash: bytes) -> Principal | None:
     return Principal(actor=row["actor"], scopes=tuple(row["scopes"]), key_id=row["id"])
 
 
+def find_key(conn: Connection, key: str) -> Principal | None:
+    """The live key ``key`` is, read now (no cache)."""
+    return _find_principal(conn, hash_key(key))
+
+
+def find_by_id(conn: Connection, key_id: int) -> Principal | None:
+    """The live (not revoked) key with this row id, read now."""
+    row = conn.execute(q("find_api_key_by_id"), {"id": key_id}).fetchone()
+    if row is None:
+        return None
+    return Principal(actor=row["actor"], scopes=tuple(row["scopes"]), key_id=row["id"])
+
+
 class PrincipalCache:
     """Keys a process has authenticated, trusted for ``ttl`` seconds.
 
@@ -83,7 +96,6 @@ class PrincipalCache:
         # Plain dict operations are atomic under the GIL: no lock needed for
         # gthread workers; a racing miss just looks the key up twice.
         self._entries: dict[bytes, tuple[float, Principal]] = {}
-        self._by_id: dict[int, tuple[float, Principal]] = {}
 
     def authenticate(self, pool: Pool, key: str) -> Principal | None:
         key_hash = hash_key(key)
@@ -99,29 +111,6 @@ class PrincipalCache:
             if len(self._entries) >= self.max_entries:
                 self._entries.clear()  # rare; simpler than LRU and just as bounded
             self._entries[key_hash] = (now + self.ttl, principal)
-        return principal
-
-    def by_id(self, pool: Pool, key_id: int) -> Principal | None:
-        """The live key with this id (a console session's), trusted as long
-        as a key presented by the API: a revoked key's sessions end within
-        ``ttl`` seconds, as its API requests do."""
-        now = self._monotonic()
-        hit = self._by_id.get(key_id)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        with pool.connection() as conn:
-            row = conn.execute(q("find_api_key_by_id"), {"id": key_id}).fetchone()
-        principal = (
-            None
-            if row is None
-            else Principal(actor=row["actor"], scopes=tuple(row["scopes"]), key_id=row["id"])
-        )
-        if principal is None:
-            self._by_id.pop(key_id, None)
-        elif self.ttl > 0:
-            if len(self._by_id) >= self.max_entries:
-                self._by_id.clear()
-            self._by_id[key_id] = (now + self.ttl, principal)
         return principal
 
 

@@ -190,6 +190,12 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
 #: IPv4-compatible IPv6 (deprecated by RFC 4291, still parsed): ::a.b.c.d.
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+#: IPv4-translated (SIIT, RFC 2765): ::ffff:0:a.b.c.d, which a stateless
+#: translator maps to a.b.c.d (the IPv4-mapped ::ffff:a.b.c.d is ``ipv4_mapped``).
+_IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
+#: Site-local (RFC 3879 deprecated it, routers may still route it inside a
+#: site); Python counts it as global.
+_SITE_LOCAL = ipaddress.ip_network("fec0::/10")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 #: host -> every address it resolves to, as text (an IP literal to itself).
@@ -212,7 +218,7 @@ def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address
         embedded.append(address.sixtofour)
     if address.teredo:
         embedded.extend(address.teredo)  # (server, client)
-    if address in _NAT64 or address in _IPV4_COMPATIBLE:
+    if address in _NAT64 or address in _IPV4_COMPATIBLE or address in _IPV4_TRANSLATED:
         embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
     return embedded
 
@@ -224,6 +230,8 @@ def is_public(address: IPAddress) -> bool:
         return False
     if isinstance(address, ipaddress.IPv6Address):
         if address in _NAT64_LOCAL:  # the IPv4 part's place varies with the prefix length
+            return False
+        if address in _SITE_LOCAL:
             return False
         return all(is_public(v4) for v4 in _embedded_ipv4(address))
     return True

@@ -196,8 +196,9 @@ def test_revoking_the_key_ends_its_session(signed_in, conn, admin_key):
     )
 
 
-def test_a_revocation_reaches_a_session_as_it_reaches_the_api(config, conn, make_key):
-    """Through the API's own cache: trusted for API_KEY_CACHE_SECONDS, then not."""
+def test_a_revocation_ends_its_sessions_at_once_whatever_the_api_caches(config, conn, make_key):
+    """The API trusts a key for API_KEY_CACHE_SECONDS; the console reads the
+    key's row on every request, so a revocation ends its sessions at once."""
     from web import create_app
 
     moments = [0.0]
@@ -207,10 +208,13 @@ def test_a_revocation_reaches_a_session_as_it_reaches_the_api(config, conn, make
         client, key = app.test_client(), make_key("ops-bo", admin=True)
         sign_in(client, key)
         assert client.get("/console/").status_code == 200
+        bearer = {"Authorization": f"Bearer {key}"}
+        assert client.get("/v1/admin/dead-letters", headers=bearer).status_code == 200
         apikeys.revoke_api_key(conn, key.split("_")[1])
-        assert client.get("/console/").status_code == 200  # cached, as on the API
-        moments[0] = 10.5
+        assert client.get("/v1/admin/dead-letters", headers=bearer).status_code == 200  # cached
         assert client.get("/console/").status_code == 302
+        # and a revoked key the API still trusts from its cache cannot sign in again
+        assert sign_in(client, key).status_code == 401
     finally:
         app.extensions["paycron.pool"].close()
 
@@ -219,6 +223,48 @@ def test_sign_out_ends_the_session(signed_in):
     answer = signed_in.post("/console/sign-out", data={"csrf_token": page_token(signed_in)})
     assert answer.status_code == 302
     assert signed_in.get("/console/").status_code == 302
+
+
+def _cookie(client) -> str:
+    return client.get_cookie("paycron_console", path="/console").value
+
+
+def _session_id(app, client) -> str | None:
+    serializer = app.session_interface.get_signing_serializer(app)
+    return serializer.loads(_cookie(client)).get("sid")
+
+
+def test_a_copy_of_the_cookie_is_nobodys_session_after_sign_out(console, signed_in):
+    copied = _cookie(signed_in)
+    assert (
+        signed_in.post("/console/sign-out", data={"csrf_token": page_token(signed_in)}).status_code
+        == 302
+    )
+    replay = console.test_client()
+    replay.set_cookie("paycron_console", copied, path="/console")
+    assert replay.get("/console/").status_code == 302
+    assert replay.post("/console/dead-letters/redrive-selected").status_code in (302, 400)
+
+
+def test_the_session_lives_on_the_server_and_the_cookie_holds_no_key(console, signed_in, admin_key):
+    session_id = _session_id(console, signed_in)
+    serializer = console.session_interface.get_signing_serializer(console)
+    assert set(serializer.loads(_cookie(signed_in))) == {"sid", "signed_in_at", "csrf_token"}
+    store = console.extensions["paycron.console.sessions"]
+    assert store.get(session_id)["key_id"] is not None
+    store.end(session_id)  # as another process's sign-out would
+    assert signed_in.get("/console/").status_code == 302
+
+
+def test_sign_in_rotates_the_session_id_and_ends_the_previous_one(console, signed_in, admin_key):
+    before, copied = _session_id(console, signed_in), _cookie(signed_in)
+    assert sign_in(signed_in, admin_key).status_code == 302
+    after = _session_id(console, signed_in)
+    assert after and before and after != before
+    assert signed_in.get("/console/").status_code == 200
+    replay = console.test_client()
+    replay.set_cookie("paycron_console", copied, path="/console")
+    assert replay.get("/console/").status_code == 302
 
 
 # -- CSRF --------------------------------------------------------------------------------

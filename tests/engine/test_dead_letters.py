@@ -188,3 +188,22 @@ def test_dismiss_records_who_and_why(cli, conn):
     )
     assert dead["resolved_at"] is not None
     assert cli("dlq", "list").output.strip() == ""
+
+
+def test_cli_actions_and_key_changes_write_audit_lines(cli, conn, gateway, audit_lines):
+    row = park(conn)
+    gateway.charge(row)
+    cli("dlq", "refund", str(row["id"]), "--by", "ops-bo")
+    cli("dlq", "refund", str(row["id"]), "--by", "ops-bo", ok=False)
+    key = cli("api-key", "create", "--actor", "acme").output.splitlines()[-1]
+    cli("api-key", "revoke", key.split("_")[1])
+    refunded, again, created, revoked = audit_lines
+    assert (refunded["event"], refunded["outcome"], refunded["actor"], refunded["target"]) == (
+        "dead_letter.refund",
+        "success",
+        "ops-bo",
+        str(row["id"]),
+    )
+    assert refunded["channel"] == "cli" and again["outcome"] == "refused"
+    assert (created["event"], revoked["event"]) == ("api_key.create", "api_key.revoke")
+    assert "of acme" in created["target"] and key not in str(audit_lines)

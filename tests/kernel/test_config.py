@@ -112,3 +112,37 @@ def test_secrets_are_never_in_the_configs_repr():
         "a-long-metrics-token",
     ):
         assert secret not in text
+
+
+@pytest.mark.parametrize(
+    "db_url, cache_url",
+    [
+        ("postgresql://app:db-pass-1@db:5432/paycron", "redis://:redis-pass-2@cache:6379/0"),
+        (
+            "postgresql://db/paycron?password=db-pass-1&sslmode=require",
+            "rediss://u:redis-pass-2@c/1",
+        ),
+        ("host=db,db2 user=app password=db-pass-1 target_session_attrs=read-write", None),
+        ("host=db password='db-pass-1' dbname=x", "redis://c/0?password=redis-pass-2"),
+    ],
+)
+def test_passwords_inside_the_urls_are_never_in_the_configs_repr(db_url, cache_url):
+    text = repr(Config(database_url=db_url, redis_url=cache_url))
+    assert "db-pass-1" not in text and "redis-pass-2" not in text
+    assert "***" in text and "lease_seconds=120.0" in text  # the rest is shown
+
+
+def test_the_metrics_listener_is_on_loopback_unless_opened():
+    from devtools.procs import free_port
+    from paycron.observability.metrics import serve_metrics
+
+    assert Config().metrics_host == "127.0.0.1"
+    assert Config.from_env({"METRICS_HOST": "0.0.0.0"}).metrics_host == "0.0.0.0"
+    port = serve_metrics(free_port(), component="test")
+    listening = {
+        (line.split()[1])
+        for line in open("/proc/net/tcp").read().splitlines()[1:]
+        if line.split()[3] == "0A"
+    }
+    assert f"0100007F:{port:04X}" in listening  # 127.0.0.1, little-endian in /proc
+    assert f"00000000:{port:04X}" not in listening

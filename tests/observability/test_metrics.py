@@ -100,6 +100,28 @@ def test_requests_are_counted_by_route_and_status(client, alice):
     assert sample_value(client, "paycron_http_requests_total", **refused) == before["refused"] + 1
 
 
+def test_unknown_methods_add_no_series_they_are_counted_as_other(client):
+    def series() -> set:
+        return {
+            tuple(sorted(s.labels.items()))
+            for family in text_string_to_metric_families(
+                client.get("/metrics", headers=SCRAPER).get_data(as_text=True)
+            )
+            for s in family.samples
+            if s.name == "paycron_http_requests_total"
+        }
+
+    for n in range(5):  # warm: the scrape itself and the first "other"
+        client.open("/healthz", method=f"BREW{n}")
+    series()  # the scrape counts itself once
+    before = series()
+    for n in range(50):
+        assert client.open("/healthz", method=f"X{n}QZ").status_code == 405
+    assert series() == before
+    assert not any(dict(labels)["method"].startswith("X") for labels in series())
+    assert any(dict(labels)["method"] == "other" for labels in series())
+
+
 def test_every_metric_an_alert_names_is_exported(client):
     rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
     assert len(rules) >= 10

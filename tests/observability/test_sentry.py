@@ -43,6 +43,30 @@ def test_a_failing_request_leaks_no_body_or_ids(config, sentry, alice):
         assert secret not in text
 
 
+def test_a_failing_request_leaks_no_query_string(config, sentry, alice):
+    from web import create_app
+
+    app = create_app(config)
+
+    @app.get("/v1/boom")
+    def boom():
+        raise RuntimeError("kaboom")
+
+    try:
+        response = app.test_client().get(
+            f"/v1/boom?payer={SECRET_PAYER}",
+            headers={**alice, "Referer": f"http://x/console/payments?payer={SECRET_PAYER}"},
+        )
+    finally:
+        app.extensions["paycron.pool"].close()
+    assert response.status_code == 500
+    sentry_sdk.flush()
+    (event,) = sentry.events()
+    assert event["request"]["url"].endswith("/v1/boom")
+    assert "query_string" not in event["request"]
+    assert SECRET_PAYER not in sentry.text()
+
+
 def test_a_failing_actor_leaks_no_arguments(sentry):
     broker = StubBroker()  # created after init: the integration patched it
     broker.emit_after("process_boot")

@@ -72,8 +72,18 @@ def test_the_web_command_takes_the_port_and_concurrency_the_harness_wants():
     assert procs.web_args(8123)[procs.web_args(8123).index("--workers") + 1] == "5"
 
 
-def test_the_web_command_with_other_threads_keeps_one_connection_per_thread():
+def test_the_web_command_runs_the_gevent_worker_with_a_header_deadline_and_access_log():
     args = procs.web_args(8123, threads=2)
+    assert args[args.index("--worker-class") + 1] == "gevent"
+    assert "--threads" not in args  # no thread per connection to hold
+    assert int(args[args.index("--keep-alive") + 1]) > 0  # gevent's header deadline
+    assert args[args.index("--access-logfile") + 1] == "-"
+    assert "%(U)s" in args[args.index("--access-logformat") + 1]  # the path, no query string
+
+
+def test_the_threaded_baseline_keeps_one_connection_per_thread():
+    args = procs.threaded_web_args(8123, threads=2)
+    assert args[args.index("--worker-class") + 1] == "gthread"
     assert args[args.index("--threads") + 1] == args[args.index("--worker-connections") + 1] == "2"
 
 

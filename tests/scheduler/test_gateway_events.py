@@ -321,3 +321,40 @@ def test_waiting_payments_are_counted_with_their_age(engine, conn, gateway):
     figures = stats.health(conn)
     assert figures["awaiting_gateway"] == 1 and figures["oldest_awaiting_age"] >= 0
     assert figures["backlog"] == 0  # never late: not in the backlog
+
+
+def test_a_signature_dated_in_the_future_stores_nothing(web, conn):
+    payload = json.dumps({"id": "evt_future", "type": "payment_intent.succeeded"}).encode()
+    answer = web.post(
+        "/v1/gateway-events/stripe",
+        data=payload,
+        headers=signed(payload, at=int(time.time()) + 86400),
+    )
+    assert answer.status_code == 400 and answer.json["code"] == "INVALID_SIGNATURE"
+    assert count(conn, "gateway_events") == 0
+    within = web.post(
+        "/v1/gateway-events/stripe", data=payload, headers=signed(payload, at=int(time.time()) + 60)
+    )
+    assert within.status_code == 200  # clocks drift: the tolerance holds both ways
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        b'[{"id": "evt_1"}]',
+        b'{"type": "payment_intent.succeeded"}',
+        b'{"id": 7, "type": "x"}',
+        b'{"id": "evt_1"}',
+        b'{"id": "evt_1", "type": "x", "data": "nope"}',
+        b'{"id": "evt_1", "type": "x", "data": {"object": []}}',
+        b'{"id": "evt_1", "type": "x", "data": {"object": {"metadata": "m"}}}',
+        b'"evt_1"',
+        b"not json",
+    ],
+)
+def test_a_signed_body_that_is_no_event_is_a_400_not_a_500(web, conn, body):
+    answer = web.post("/v1/gateway-events/stripe", data=body, headers=signed(body))
+    assert answer.status_code == 400, answer.data
+    assert answer.json["code"] == "INVALID_EVENT"
+    assert count(conn, "gateway_events") == 0

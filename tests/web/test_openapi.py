@@ -62,7 +62,7 @@ def _openapi_path(rule: str) -> str:
     return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
 
 
-def test_every_route_is_documented_and_nothing_else(app, client):
+def test_every_route_is_documented_and_nothing_else(app, client, make_key):
     routed = {
         (_openapi_path(rule.rule), method)
         for rule in app.url_map.iter_rules()
@@ -70,13 +70,26 @@ def test_every_route_is_documented_and_nothing_else(app, client):
         for method in rule.methods - {"HEAD", "OPTIONS"}
     }
     assert {("/healthz", "GET"), ("/readyz", "GET"), ("/v1/events", "GET")} <= routed
+    admin = {"Authorization": f"Bearer {make_key('ops', admin=True)}"}
     documented = {
         (path, method.upper())
-        for path, item in client.get(URL).get_json()["paths"].items()
+        for path, item in client.get(URL, headers=admin).get_json()["paths"].items()
         for method in item
         if method != "parameters"
     }  # the path's, not a method
     assert documented == routed
+
+
+def test_the_admin_routes_are_documented_to_admin_keys_only(client, make_key, alice):
+    admin = {"Authorization": f"Bearer {make_key('ops', admin=True)}"}
+    for headers in ({}, alice, {"Authorization": "Bearer pc_unknown_key"}):
+        document = client.get(URL, headers=headers).get_json()
+        assert not [p for p in document["paths"] if p.startswith("/v1/admin/")]
+        assert not [n for n in document["components"]["schemas"] if "DeadLetter" in n]
+        assert "/v1/scheduled-payments" in document["paths"]
+        schemathesis.openapi.from_dict(document).validate()  # still a whole document
+    document = client.get(URL, headers=admin).get_json()
+    assert [p for p in document["paths"] if p.startswith("/v1/admin/")]
 
 
 def test_the_schemas_come_from_marshmallow(client, config):
@@ -91,8 +104,9 @@ def test_the_schemas_come_from_marshmallow(client, config):
     assert set(schemas["CreatePayment"]["properties"]["currency"]["enum"]) >= {"USD", "EUR", None}
 
 
-def test_answers_require_every_property_they_always_have(client):
-    schemas = client.get(URL).get_json()["components"]["schemas"]
+def test_answers_require_every_property_they_always_have(client, make_key):
+    admin = {"Authorization": f"Bearer {make_key('ops', admin=True)}"}
+    schemas = client.get(URL, headers=admin).get_json()["components"]["schemas"]
     for name in (
         "Payment",
         "PaymentSummary",
@@ -312,7 +326,10 @@ def api_schema(app, gateway, make_key, conn, config, tmp_path):
             }
         )
     )
-    schema = schemathesis.openapi.from_wsgi(URL, app, config=_config(str(auth_document)))
+    ops_key = json.loads(auth_document.read_text())["auth"][0]["fixedHeaders"][0]["value"]
+    schema = schemathesis.openapi.from_wsgi(
+        URL, app, config=_config(str(auth_document)), headers={"Authorization": ops_key}
+    )
     parked = [str(park(conn)["id"]) for _ in range(3)]
 
     @schema.hook

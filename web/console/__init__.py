@@ -17,7 +17,12 @@ from markupsafe import Markup, escape
 from paycron.domain.money import major_units
 from paycron.limits.breaker import CircuitBreaker
 from web.console import reads
-from web.console.session import ConsoleRefused, ConsoleSessionInterface, csrf_token
+from web.console.session import (
+    ConsoleRefused,
+    ConsoleSessionInterface,
+    SessionStore,
+    csrf_token,
+)
 
 bp = Blueprint(
     "console", __name__, url_prefix="/console", template_folder="templates", static_folder="static"
@@ -73,6 +78,11 @@ def install(app: Flask, *, breaker: CircuitBreaker) -> None:
 
     app.session_interface = ConsoleSessionInterface(
         config.console_secret_key, minutes=config.console_session_minutes
+    )
+    app.extensions["paycron.console.sessions"] = SessionStore(
+        app.extensions["paycron.redis"],
+        namespace=config.redis_namespace,
+        minutes=config.console_session_minutes,
     )
     app.permanent_session_lifetime = timedelta(minutes=config.console_session_minutes)
     app.jinja_env.filters.update(utc=utc, age=age)

@@ -12,6 +12,7 @@ from flask import current_app, flash, g, redirect, render_template, request, url
 from paycron.domain.ids import parse_payment_id
 from paycron.engine import dead_letters
 from paycron.errors import DeadLetterActionRefused, GatewayError, NotFound
+from web.audit import audit, audited
 from web.console import bp, reads
 from web.console.session import ConsoleRefused
 
@@ -51,12 +52,12 @@ def _action(name: str) -> tuple[str, str]:
 def _do(conn, name: str, payment_id: uuid.UUID, *, note: str | None = None):
     gateway = current_app.extensions["paycron.gateway"]
     actor = g.operator.actor
-    current_app.logger.info("console %s payment=%s by=%s", name, payment_id, actor)
-    if name == "redrive":
-        return dead_letters.redrive(conn, gateway, payment_id, actor=actor)
-    if name == "refund":
-        return dead_letters.refund(conn, gateway, payment_id, actor=actor)
-    return dead_letters.dismiss(conn, payment_id, actor=actor, note=note)
+    with audited(f"dead_letter.{name}", target=payment_id, channel="console", reason=note):
+        if name == "redrive":
+            return dead_letters.redrive(conn, gateway, payment_id, actor=actor)
+        if name == "refund":
+            return dead_letters.refund(conn, gateway, payment_id, actor=actor)
+        return dead_letters.dismiss(conn, payment_id, actor=actor, note=note)
 
 
 def _attempt(conn, name: str, payment_id: uuid.UUID, **kwargs) -> tuple[bool, str]:
@@ -80,6 +81,7 @@ def confirm(payment_id: str, name: str):
             shown = dead_letters.show(conn, parsed)
         except NotFound:
             raise ConsoleRefused(404, "No dead letter for this payment.") from None
+    audit("console.read", "success", target=f"dead letter {parsed}", channel="console")
     return render_template(
         "console/confirm.html",
         name=name,

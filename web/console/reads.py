@@ -142,7 +142,7 @@ def payments_of_payer(
     after = None
     if cursor:
         created_at, _, payment_id = cursor.partition("_")
-        after = (datetime.fromisoformat(created_at), uuid.UUID(payment_id))
+        after = (_aware(created_at), uuid.UUID(payment_id))
     rows, next_key = payments.list_payments(
         conn, actor=payer, status=status, limit=PAGE, after=after
     )
@@ -192,12 +192,30 @@ def payment_detail(conn: Connection, payment_id: uuid.UUID) -> dict | None:
 # -- dead letters and waiting payments ----------------------------------------------
 
 
+_BIGINT_MAX = 2**63 - 1
+
+
+def _id(text: str) -> int:
+    """A row id from a cursor: a bigint, or ValueError (never Postgres's error)."""
+    value = int(text)
+    if not 0 <= value <= _BIGINT_MAX:
+        raise ValueError("not a row id")
+    return value
+
+
+def _aware(text: str) -> datetime:
+    value = datetime.fromisoformat(text)
+    if value.tzinfo is None:
+        raise ValueError("a cursor's time has its offset")
+    return value
+
+
 def open_letters(conn: Connection, *, cursor: str | None, limit: int = PAGE) -> Page:
     """A page of open dead letters, oldest first, each with its payment."""
     after_created_at, after_id = "-infinity", 0
     if cursor:
         created_at, _, letter_id = cursor.partition("_")
-        after_created_at, after_id = datetime.fromisoformat(created_at), int(letter_id)
+        after_created_at, after_id = _aware(created_at), _id(letter_id)
     letters = conn.execute(
         QUERIES["open_letters_page"],
         {
@@ -235,7 +253,7 @@ def waiting(conn: Connection, name: str, *, now: datetime, limit: int = PAGE) ->
 
 
 def reconciliation_runs(conn: Connection, *, cursor: str | None) -> Page:
-    before = int(cursor) if cursor else 2**63 - 1
+    before = _id(cursor) if cursor else _BIGINT_MAX
     rows = conn.execute(
         QUERIES["reconciliation_runs_page"], {"before_id": before, "limit": PAGE + 1}
     ).fetchall()
@@ -251,7 +269,7 @@ def reconciliation_run(
         return None, Page([], None)
     items = conn.execute(
         QUERIES["reconciliation_items_page"],
-        {"run_id": run_id, "after_id": int(cursor) if cursor else 0, "limit": PAGE + 1},
+        {"run_id": run_id, "after_id": _id(cursor) if cursor else 0, "limit": PAGE + 1},
     ).fetchall()
     more, items = len(items) > PAGE, items[:PAGE]
     return run, Page(items, str(items[-1]["id"]) if more else None)
@@ -262,7 +280,7 @@ def webhook_backlog(conn: Connection, *, cursor: str | None) -> Page:
     after = ("", "-infinity", _START_ID)
     if cursor:
         actor, created_at, endpoint_id = cursor.rsplit("_", 2)
-        after = (actor, created_at, uuid.UUID(endpoint_id))
+        after = (actor, _aware(created_at), uuid.UUID(endpoint_id))
     rows = conn.execute(
         QUERIES["webhook_backlog_page"],
         {

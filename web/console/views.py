@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from datetime import date
 
-from flask import current_app, flash, redirect, render_template, request, session, url_for
+from flask import current_app, flash, g, redirect, render_template, request, session, url_for
+from psycopg.errors import DataError
 
 from paycron.domain.enums import Status
 from paycron.domain.ids import parse_payment_id
+from paycron.store import apikeys
+from web.audit import audit
 from web.console import bp, charts, page_cursor, reads
 from web.console.session import ConsoleRefused, check_csrf, current_operator
 from web.console.session import sign_in as start_session
@@ -38,16 +41,53 @@ def _safe_next(target: str | None) -> str:
     return url_for("console.overview")
 
 
+def _unencodable(text: str) -> bool:
+    """NUL (Postgres text refuses it) or a lone surrogate (no UTF-8 has it)."""
+    if "\x00" in text:
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_text() -> None:
+    """Every query and form field is text Postgres can store, or the
+    request is refused (400) before a view reads it."""
+    for source in (request.args, request.form):
+        for name, value in source.items(multi=True):
+            if _unencodable(name) or _unencodable(value):
+                raise ConsoleRefused(
+                    400, "A field held a character that is not text (NUL or a lone surrogate)."
+                )
+
+
+@bp.errorhandler(DataError)
+def _bad_value(error: DataError):
+    # A value Postgres refused (a cursor's time, a number out of range): the
+    # request's fault, answered as a bad request, never a 500.
+    return render_template(
+        "console/error.html", status=400, message="A value in the request is not valid."
+    ), 400
+
+
 @bp.before_request
 def _guard():
     """CSRF on every POST, then a session on every page but sign-in."""
     if request.endpoint == "console.static":
         return None
+    _check_text()
     if request.method == "POST":
-        check_csrf()
+        try:
+            check_csrf()
+        except ConsoleRefused:
+            audit("console.csrf_refused", "refused", target=request.path, channel="console")
+            raise
     if request.endpoint == "console.sign_in":
         return None
     if current_operator() is None:
+        audit("console.unauthenticated", "refused", target=request.path, channel="console")
         target = request.full_path.rstrip("?") if request.method == "GET" else None
         return redirect(url_for("console.sign_in", next=target))
     return None
@@ -76,16 +116,30 @@ def sign_in():
             "console/sign_in.html", notice=notice, next=request.args.get("next", "")
         )
     key = request.form.get("api_key", "").strip()
-    principal = (
-        current_app.extensions["paycron.principals"].authenticate(_pool(), key) if key else None
-    )
+    principal = None
+    if key:
+        with _pool().connection() as conn:  # read now: never a cached key
+            principal = apikeys.find_key(conn, key)
     if principal is None:
+        audit(
+            "console.sign_in",
+            "failure",
+            reason="no API key" if not key else "unknown or revoked key",
+            channel="console",
+        )
         return render_template(
             "console/sign_in.html",
             next=request.form.get("next", ""),
             error="That API key is unknown or revoked.",
         ), 401
     if not principal.is_admin:
+        audit(
+            "console.sign_in",
+            "refused",
+            principal=principal,
+            reason="a payer key",
+            channel="console",
+        )
         return render_template(
             "console/sign_in.html",
             next=request.form.get("next", ""),
@@ -93,13 +147,15 @@ def sign_in():
             "(paycron api-key create --admin).",
         ), 403
     start_session(principal)
-    current_app.logger.info("console sign-in actor=%s key_id=%s", principal.actor, principal.key_id)
+    audit("console.sign_in", "success", principal=principal, channel="console")
     return redirect(_safe_next(request.form.get("next")))
 
 
 @bp.post("/sign-out")
 def sign_out():
+    operator = g.operator
     end_session()
+    audit("console.sign_out", "success", principal=operator, channel="console")
     flash("Signed out.")
     return redirect(url_for("console.sign_in"))
 
@@ -117,6 +173,11 @@ def overview():
         flow_rows=list(zip(data.claims, data.due, strict=True)),
         chart=charts,
     )
+
+
+def _read(target: str) -> None:
+    """An operator read payer data: the page and its filter go to the audit log."""
+    audit("console.read", "success", target=target, channel="console")
 
 
 def _bad(message: str):
@@ -148,6 +209,9 @@ def payments():
                 page = reads.payments_of_day(conn, day=day, status=status, cursor=page_cursor())
     except ValueError:
         _bad("A bad day (use YYYY-MM-DD) or page cursor.")
+    if page is not None:
+        shown = {k: v for k, v in query.items() if v and k != "id"}
+        _read("payments " + " ".join(f"{k}={v}" for k, v in shown.items()))
     return render_template(
         "console/payments.html", query=query, page=page, statuses=statuses(), scan=reads.DAY_SCAN
     )
@@ -162,6 +226,7 @@ def payment(payment_id: str):
         detail = reads.payment_detail(conn, parsed)
     if detail is None:
         raise ConsoleRefused(404, "No payment has this id (or its day was archived).")
+    _read(f"payment {parsed}")
     return render_template("console/payment.html", **detail, now=_now())
 
 
@@ -175,6 +240,7 @@ def dead_letters():
             awaiting = reads.waiting(conn, "awaiting_gateway", now=now)
     except ValueError:
         _bad("A bad page cursor.")
+    _read("dead letters")
     return render_template(
         "console/dead_letters.html", letters=letters, in_doubt=in_doubt, awaiting=awaiting, now=now
     )
@@ -187,6 +253,7 @@ def reconciliation():
             runs = reads.reconciliation_runs(conn, cursor=page_cursor())
     except ValueError:
         _bad("A bad page cursor.")
+    _read("reconciliation runs")
     return render_template("console/reconciliation.html", runs=runs)
 
 
@@ -199,6 +266,7 @@ def reconciliation_run(run_id: int):
         _bad("A bad page cursor.")
     if run is None:
         raise ConsoleRefused(404, "No reconciliation run has this id.")
+    _read(f"reconciliation run {run_id}")
     return render_template("console/reconciliation_run.html", run=run, items=items)
 
 
@@ -212,6 +280,7 @@ def webhooks():
     payers: dict[str, list[dict]] = {}
     for row in endpoints.rows:
         payers.setdefault(row["actor"], []).append(row)
+    _read("webhook endpoints")
     return render_template(
         "console/webhooks.html",
         endpoints=endpoints,

@@ -15,7 +15,17 @@ from paycron.domain.enums import Outcome
 from paycron.domain.processing import CallResult, Charge, ChargeRequest, LookupRequest, Refund
 from paycron.errors import GatewayError
 from paycron.processors.card.settlement_csv import parse_report
-from paycron.processors.wire import NOT_SENT, error_code_of, retry_after
+from paycron.processors.wire import (
+    MAX_ANSWER_BYTES,
+    MAX_REPORT_BYTES,
+    NOT_SENT,
+    AnswerTooLarge,
+    answered_id,
+    error_code_of,
+    processor_id,
+    read_bounded,
+    retry_after,
+)
 
 
 def _json(response: urllib3.BaseHTTPResponse):
@@ -35,8 +45,7 @@ def _declined(response: urllib3.BaseHTTPResponse) -> str:
 def _charge_id(response: urllib3.BaseHTTPResponse) -> str | None:
     """The charge id of a 2xx body, or None when the body is not one."""
     body = _json(response)
-    charge_id = body.get("id") if isinstance(body, dict) else None
-    return charge_id if isinstance(charge_id, str) and charge_id else None
+    return answered_id(body.get("id")) if isinstance(body, dict) else None
 
 
 def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
@@ -109,16 +118,20 @@ class CardProcessor:
         headers: dict | None = None,
         fields: dict | None = None,
         timeout: urllib3.Timeout | None = None,
+        limit: int = MAX_ANSWER_BYTES,
     ):
+        """The answer, read to at most ``limit`` bytes (AnswerTooLarge beyond)."""
         all_headers = {"Content-Type": "application/json", **(headers or {})}
-        return self._pool.request(
+        response = self._pool.request(
             method,
             self._base_url + path,
             body=json.dumps(body).encode() if body is not None else None,
             fields=fields,
             headers=all_headers,
             timeout=timeout or self._timeout,
+            preload_content=False,
         )
+        return read_bounded(response, limit)
 
     def charge(self, request: ChargeRequest, *, timeout: float | None = None) -> CallResult:
         # total= bounds connect and every read together (read= alone is per
@@ -141,13 +154,18 @@ class CardProcessor:
         except urllib3.exceptions.HTTPError as exc:
             # Sent, then no answer (timeout, dropped connection): never guess.
             return CallResult(Outcome.AMBIGUOUS, error_code=type(exc).__name__, in_doubt=True)
+        except AnswerTooLarge:
+            # Sent, then an answer we do not read: the charge may exist.
+            return CallResult(Outcome.AMBIGUOUS, error_code="oversized_answer", in_doubt=True)
         return classify(response)
 
-    def _get(self, path: str, **params):
+    def _get(self, path: str, *, limit: int = MAX_ANSWER_BYTES, **params):
         try:
-            response = self._request("GET", path, fields=params)
+            response = self._request("GET", path, fields=params, limit=limit)
         except urllib3.exceptions.HTTPError as exc:
             raise GatewayError(f"gateway unreachable: {type(exc).__name__}") from exc
+        except AnswerTooLarge as exc:
+            raise GatewayError(f"absurd answer to GET {path}: {exc}") from exc
         if response.status != 200:
             raise GatewayError(f"gateway answered {response.status} to GET {path}")
         return response
@@ -172,19 +190,24 @@ class CardProcessor:
             response = self._request(
                 "POST", "/v1/refunds", body={"charge": charge.id}, headers={"Idempotency-Key": key}
             )
-        except urllib3.exceptions.HTTPError as exc:
+        except (urllib3.exceptions.HTTPError, AnswerTooLarge) as exc:
             raise GatewayError(f"refund failed: {type(exc).__name__}") from exc
         if response.status not in (200, 201):
-            raise GatewayError(f"refund refused: {response.status} {response.data[:200]!r}")
+            # the processor's code only (a short token), never its text
+            raise GatewayError(f"refund refused: {response.status} {_declined(response)}")
         answer = _json(response) or {}
+        refund_id = processor_id(answer.get("id")) if isinstance(answer, dict) else None
+        if refund_id is None:
+            raise GatewayError("refund answered without a refund id")
         return Refund(
-            id=str(answer.get("id")),
+            id=refund_id,
             amount=answer.get("amount", charge.amount),
             idempotency_key=key,
         )
 
     def settlement_report(self, day: date) -> list[Charge]:
-        text = self._get("/v1/settlement-report", date=day.isoformat()).data.decode()
+        answer = self._get("/v1/settlement-report", limit=MAX_REPORT_BYTES, date=day.isoformat())
+        text = answer.data.decode()
         return parse_report(text, source=f"settlement report {day}")
 
 
@@ -193,9 +216,12 @@ def _charge(c: dict) -> Charge:
     if not isinstance(c["amount"], int) or not isinstance(c["currency"], str):
         raise ValueError("amount or currency of the wrong type")
     created = c.get("created_at")
+    charge_id, reference = processor_id(c["id"]), c["reference"]
+    if charge_id is None or not isinstance(reference, str) or len(reference) > 64:
+        raise ValueError("a charge id or reference that is none")
     return Charge(
-        id=str(c["id"]),
-        reference=str(c["reference"]),
+        id=charge_id,
+        reference=reference,
         amount=c["amount"],
         currency=c["currency"],
         status=str(c["status"]),

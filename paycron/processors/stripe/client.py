@@ -39,7 +39,7 @@ from paycron.domain.processing import (
 )
 from paycron.errors import ConfigError, GatewayError
 from paycron.processors.stripe.transport import NotSent, PooledHttpClient
-from paycron.processors.wire import error_code_of, retry_after
+from paycron.processors.wire import answered_id, error_code_of, processor_id, retry_after
 
 log = logging.getLogger("paycron.stripe")
 
@@ -66,8 +66,7 @@ CHARGE_STATUSES = {"succeeded": SUCCEEDED, "pending": PROCESSING, "failed": FAIL
 
 def _intent_id(error: Mapping[str, Any]) -> str | None:
     intent = error.get("payment_intent")
-    intent_id = intent.get("id") if isinstance(intent, Mapping) else None
-    return intent_id if isinstance(intent_id, str) and intent_id else None
+    return processor_id(intent.get("id")) if isinstance(intent, Mapping) else None
 
 
 def classify_error(
@@ -136,8 +135,8 @@ def classify_error(
 
 def classify_intent(intent: Mapping[str, Any]) -> CallResult:
     """A 200's PaymentIntent as an outcome."""
-    intent_id, status = intent.get("id"), intent.get("status")
-    if not isinstance(intent_id, str) or not intent_id:
+    intent_id, status = answered_id(intent.get("id")), intent.get("status")
+    if intent_id is None:
         return CallResult(Outcome.AMBIGUOUS, error_code="malformed_answer", in_doubt=True)
     if status == "succeeded":
         return CallResult(Outcome.SUCCEEDED, gateway_ref=intent_id)
@@ -366,9 +365,10 @@ class StripeProcessor:
         except stripe.StripeError as exc:
             raise GatewayError(f"refund refused: {type(exc).__name__} {exc.http_status}") from exc
         answer = refund.to_dict()
-        return Refund(
-            id=answer["id"], amount=answer.get("amount", charge.amount), idempotency_key=key
-        )
+        refund_id = processor_id(answer.get("id"))
+        if refund_id is None:
+            raise GatewayError("Stripe answered a refund without a refund id")
+        return Refund(id=refund_id, amount=answer.get("amount", charge.amount), idempotency_key=key)
 
     def settlement_report(self, day: date) -> list[Charge]:
         """The day's charges, every page, every status (succeeded ones are
@@ -383,6 +383,8 @@ class StripeProcessor:
         charges = []
         for charge in self._pages(self._client.v1.charges.list, params):
             reference = (charge.get("metadata") or {}).get(METADATA_KEY) or ""
+            if processor_id(charge.get("id")) is None or not isinstance(reference, str):
+                raise GatewayError("Stripe listed a charge without a usable id")
             charges.append(
                 Charge(
                     id=charge["id"],

@@ -19,7 +19,13 @@ from collections.abc import Iterator, Mapping
 import stripe
 import urllib3
 
-from paycron.processors.wire import NOT_SENT
+from paycron.processors.wire import (
+    MAX_ANSWER_BYTES,
+    MAX_REPORT_BYTES,
+    NOT_SENT,
+    AnswerTooLarge,
+    read_bounded,
+)
 
 
 class NotSent(stripe.APIConnectionError):
@@ -68,13 +74,21 @@ class PooledHttpClient(stripe.HTTPClient):
                 headers=dict(headers or {}),
                 timeout=urllib3.Timeout(total=seconds),
                 redirect=False,
+                preload_content=False,
+            )
+            # bounded like every answer (a list page of 100 charges is ~300 KiB)
+            answer = read_bounded(
+                response, MAX_REPORT_BYTES if method.lower() == "get" else MAX_ANSWER_BYTES
             )
         except NOT_SENT as exc:
             raise NotSent(f"could not connect to Stripe: {type(exc).__name__}") from exc
         except urllib3.exceptions.HTTPError as exc:
             # Sent, then no (whole) answer: the outcome is unknown.
             raise stripe.APIConnectionError(f"no answer from Stripe: {type(exc).__name__}") from exc
-        return response.data, response.status, response.headers
+        except AnswerTooLarge as exc:
+            # Sent, then an answer we do not read: as unknown as no answer.
+            raise stripe.APIConnectionError(f"no usable answer from Stripe: {exc}") from exc
+        return answer.data, answer.status, answer.headers
 
     def request_stream(self, method, url, headers, post_data=None):
         raise NotImplementedError("paycron makes no streaming requests")
