@@ -168,3 +168,19 @@ def test_a_late_success_of_an_older_key_generation_never_clears_a_newer_doubt(
     after = payment(conn, row["id"])
     assert (after["status"], after["in_doubt"]) == ("FAILED", True)
     assert letter(conn, row["id"])["resolution"] is None
+
+
+def test_a_late_success_never_closes_a_mismatch_left_for_a_human(engine, conn, gateway, config):
+    row, held = started_call(engine, conn, lease_expiries=config.max_lease_expiries - 1)
+    # The processor holds a payment for this reference with another amount.
+    gateway.charge(row, amount=row["amount_minor"] + 1, key=f"{row['id']}:other")
+    expire(conn, row["id"])
+    engine.reaper.run_once()
+    engine.drain()  # the lookup finds the mismatch: parked for a human
+    parked = payment(conn, row["id"])
+    assert (parked["status"], parked["failure_reason"]) == ("FAILED", "LOOKUP_MISMATCH")
+    charge = gateway.charge(row)  # the hung call lands too: two charges for one payment
+    late_success(engine, held, config, charge["id"])
+    # The second processor payment is still to be looked at: the letter stays open.
+    assert letter(conn, row["id"])["resolution"] is None
+    assert payment(conn, row["id"])["failure_reason"] == "LOOKUP_MISMATCH"

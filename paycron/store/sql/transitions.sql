@@ -243,6 +243,8 @@ WITH late AS (
       AND p.attempt >= l.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
       -- a human refunded its charge: the money went back, never reported COMPLETED
       AND p.refunded_at IS NULL
+      -- a mismatch is for a human: the other processor payment may be a second charge
+      AND p.failure_reason IS DISTINCT FROM 'LOOKUP_MISMATCH'
       -- only an answer under the key generation still in use: a re-driven
       -- payment's newer call may have charged too, and its doubt stays for a human
       AND EXISTS (SELECT 1 FROM attempts a
