@@ -15,6 +15,7 @@ from __future__ import annotations
 from paycron.domain import policy
 from paycron.domain.enums import Outcome
 from paycron.domain.processing import CallResult
+from paycron.engine import dead_letters
 from paycron.store import transitions
 from tests.factories import insert_payment
 from tests.rows import attempts_of, letter, payment
@@ -119,3 +120,67 @@ def test_a_late_success_completes_a_payment_parked_in_doubt(engine, conn, gatewa
     assert (kind, data["gatewayRef"]) == ("payment.completed", charge["id"])
     assert letter(conn, row["id"])["resolution"] == "COMPLETED"
     assert gateway.charges_per_key() == {str(row["id"]): 1}
+
+
+def late_success(engine, held, config, gateway_ref: str) -> None:
+    """The hung worker's call finally answers: charged (its finish, as the executor writes it)."""
+    result = CallResult(Outcome.SUCCEEDED, gateway_ref=gateway_ref)
+    decision = policy.decide(result, failures=0, in_doubt=False, config=config)
+    transitions.finish(engine.pool, [transitions.Finished(held, result, decision)])
+
+
+def test_a_late_success_never_completes_a_payment_a_human_refunded(engine, conn, gateway, config):
+    row, held = parked_in_doubt(engine, conn, config)
+    charge = gateway.charge(row)  # the hung call landed at the processor
+    done = dead_letters.refund(conn, engine.gateway, row["id"], actor="ops")
+    assert done.action == "refunded"
+    late_success(engine, held, config, charge["id"])
+    after = payment(conn, row["id"])
+    # The money went back: the payment is not reported COMPLETED to its client.
+    assert after["status"] == "FAILED" and after["refunded_at"] is not None
+    assert "payment.completed" not in [kind for kind, _ in events(conn, row["id"])]
+    assert attempts_of(conn, row["id"])[0]["outcome"] == "SUCCEEDED"  # the audit keeps it
+    assert letter(conn, row["id"])["resolution"] == "REFUNDED"
+
+
+def test_a_late_success_of_an_older_key_generation_never_clears_a_newer_doubt(
+    engine, conn, gateway, config
+):
+    # Parked in doubt at generation 1 (its call hung), then re-driven: the
+    # next generation's call hangs too and it is parked in doubt again.
+    row, held = parked_in_doubt(engine, conn, config)
+    assert transitions.redrive(conn, row["id"], actor="ops")
+    conn.execute(
+        "UPDATE payments SET lease_expiries = %s WHERE id = %s",
+        (config.max_lease_expiries - 1, row["id"]),
+    )
+    [(claims, _)] = engine.sweep()
+    [held2] = transitions.start(engine.pool, claims, lease_seconds=config.lease_seconds)
+    assert held2["key_generation"] == 2
+    expire(conn, row["id"])
+    engine.reaper.run_once()
+    engine.drain()
+    parked = payment(conn, row["id"])
+    assert (parked["status"], parked["in_doubt"], parked["key_generation"]) == ("FAILED", True, 2)
+    # Generation 1's hung call answers late: charged. Generation 2's call
+    # may have charged too; its doubt must stay for a human.
+    late_success(engine, held, config, "pi_gen1")
+    after = payment(conn, row["id"])
+    assert (after["status"], after["in_doubt"]) == ("FAILED", True)
+    assert letter(conn, row["id"])["resolution"] is None
+
+
+def test_a_late_success_never_closes_a_mismatch_left_for_a_human(engine, conn, gateway, config):
+    row, held = started_call(engine, conn, lease_expiries=config.max_lease_expiries - 1)
+    # The processor holds a payment for this reference with another amount.
+    gateway.charge(row, amount=row["amount_minor"] + 1, key=f"{row['id']}:other")
+    expire(conn, row["id"])
+    engine.reaper.run_once()
+    engine.drain()  # the lookup finds the mismatch: parked for a human
+    parked = payment(conn, row["id"])
+    assert (parked["status"], parked["failure_reason"]) == ("FAILED", "LOOKUP_MISMATCH")
+    charge = gateway.charge(row)  # the hung call lands too: two charges for one payment
+    late_success(engine, held, config, charge["id"])
+    # The second processor payment is still to be looked at: the letter stays open.
+    assert letter(conn, row["id"])["resolution"] is None
+    assert payment(conn, row["id"])["failure_reason"] == "LOOKUP_MISMATCH"

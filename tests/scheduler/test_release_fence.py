@@ -16,8 +16,11 @@ import time
 import pytest
 import redis
 
+from paycron.config import Config
 from paycron.domain.enums import CancelOutcome
+from paycron.sql import q
 from paycron.store import transitions
+from paycron.store.db import connect
 from tests.factories import insert_payment
 from tests.inprocess import Engine
 from tests.rows import attempts_of, payment
@@ -94,3 +97,52 @@ def test_a_claim_the_broker_refused_is_released_saying_so(engine, conn):
         engine.sweeper.run_once()
     assert payment(conn, row["id"])["status"] == "PENDING"
     assert release_events(conn, row["id"]) == [{"reason": "enqueue_failed"}]
+
+
+def test_a_start_that_commits_while_the_release_waits_for_its_lock_is_kept(
+    engine, conn, database_url
+):
+    """The ordering the fence's two statements exist for: a worker's start
+    holds the row (not yet committed), the release blocks on it, then the
+    start commits. A release judging the attempt row on its snapshot from
+    before the wait would hand back a claim whose call is about to be made."""
+    row = insert_payment(conn)
+    [(claims, _)] = engine.sweep()
+    released: list[int] = []
+    with connect(Config(database_url=database_url)) as starter:
+        with starter.transaction():
+            held = starter.execute(
+                q("start_attempts"),
+                {
+                    "ids": [c.payment_id for c in claims],
+                    "due_ats": [c.due_at for c in claims],
+                    "attempts": [c.attempt for c in claims],
+                    "lease_seconds": engine.config.lease_seconds,
+                    "processor": "fake",
+                    "worker": "w1",
+                },
+            ).fetchall()
+            assert len(held) == 1
+            releaser = threading.Thread(
+                target=lambda: released.append(
+                    transitions.release(engine.pool, claims, reason=transitions.ENQUEUE_FAILED)
+                )
+            )
+            releaser.start()
+            for _ in range(200):  # until the release waits for the start's row lock
+                waiting = conn.execute(
+                    "SELECT count(*) AS n FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                ).fetchone()["n"]
+                if waiting:
+                    break
+                time.sleep(0.05)
+            assert waiting, "the release never waited for the start's lock"
+        # the start commits here, while the release waits
+        releaser.join(timeout=30)
+    assert released == [0]
+    held_row = payment(conn, row["id"])
+    assert (held_row["status"], held_row["attempt"]) == ("PROCESSING", 1)
+    assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["IN_FLIGHT"]
+    assert release_events(conn, row["id"]) == []
+    assert transitions.cancel(conn, row["id"], actor="alice") is CancelOutcome.ALREADY_PROCESSING

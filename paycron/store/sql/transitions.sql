@@ -260,9 +260,15 @@ WITH late AS (
     FROM late l
     WHERE p.id = l.id AND p.due_at = l.due_at AND p.status = 'FAILED' AND p.in_doubt
       AND p.attempt >= l.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      -- a human refunded its charge: the money went back, never reported COMPLETED
+      AND p.refunded_at IS NULL
+      -- a mismatch is for a human: the other processor payment may be a second charge
+      AND p.failure_reason IS DISTINCT FROM 'LOOKUP_MISMATCH'
+      -- only an answer under the key generation still in use: a re-driven
+      -- payment's newer call may have charged too, and its doubt stays for a human
       AND EXISTS (SELECT 1 FROM attempts a
                   WHERE a.payment_id = l.id AND a.attempt = l.attempt
-                    AND a.outcome = 'SUCCEEDED')
+                    AND a.outcome = 'SUCCEEDED' AND a.key_generation = p.key_generation)
     RETURNING p.id, p.payer, p.attempt, l.attempt AS late_attempt, l.gateway_ref
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
