@@ -27,6 +27,7 @@ import itertools
 import json
 import threading
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 
@@ -100,8 +101,8 @@ ANSWERS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 #: Answers about nothing the processor did at all: the key stays unused.
 TRANSPORT = {"timeout", "refused", "not_sent", "500"}
-#: An absurd answer: a charge whose id is longer than any column holds.
-LONG_ID = "200_long_id"
+#: An absurd answer: a bank debit accepted under an id longer than any column holds.
+LONG_ID = "200_processing_long_id"
 
 
 def _card_response(status: int, body: dict | None = None, headers: dict | None = None):
@@ -163,7 +164,7 @@ def classify(processor: str, answer: str, intent_id: str | None) -> CallResult:
         return classify_error(status, error, headers)
     statuses = {
         "200_succeeded": "succeeded",
-        "200_long_id": "succeeded",
+        LONG_ID: "processing",
         "200_processing": "processing",
         "200_requires_action": "requires_action",
         "200_requires_payment_method": "requires_payment_method",
@@ -238,6 +239,8 @@ class ModelProcessor:
         self.keys: dict[str, KeyEntry] = {}
         self.busy: set[str] = set()
         self.plans: dict[str, deque[Plan]] = defaultdict(deque)
+        #: Where a call's plan comes from when none was queued for its payment.
+        self.next_plan: Callable[[str], Plan] | None = None
         self.fail_lookups = False
         self.fail_refunds = False
         self.asked: set[str] = set()  # references looked up (cleared by the test)
@@ -283,7 +286,9 @@ class ModelProcessor:
     def charge(self, request: ChargeRequest, *, timeout: float | None = None) -> CallResult:
         with self._lock:
             self.calls += 1
-            plan = self.plans[request.reference].popleft()
+            queued = self.plans[request.reference]
+            plan = queued.popleft() if queued or self.next_plan is None else None
+            plan = plan or self.next_plan(request.reference)
             plan.request, plan.started = request, self.clock()
             if request.idempotency_key in self.busy:
                 # Another call holds the key right now: both processors say 409.
@@ -343,7 +348,7 @@ class ModelProcessor:
         if plan.effect in (CHARGE, DECLINE, DEBIT):
             status = {CHARGE: SUCCEEDED, DECLINE: FAILED, DEBIT: PROCESSING}[plan.effect]
             intent_id = self._new_id()
-            if plan.answer == LONG_ID:
+            if plan.answer.endswith("long_id"):
                 intent_id = intent_id + "_" + "x" * 300
             self.intents[intent_id] = Intent(
                 intent_id,
