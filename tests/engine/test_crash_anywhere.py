@@ -367,6 +367,11 @@ def explore(env, *, always: bool, paths: set[str], capsys) -> list[Outcome]:
             f"{len(faults)} schedules explored, {len(baseline.trace)} boundaries in the "
             f"fault-free run, {len(bad)} violations, {time.monotonic() - started:.1f} s"
         )
+        parts = {(name, phase): part for name, phase, _, part in baseline.trace}
+        per_path = Counter(path_of(f.name, parts.get((f.name, f.phase), "")) for f in faults)
+        print("  schedules per path: " + ", ".join(f"{k}={v}" for k, v in sorted(per_path.items())))
+        if os.environ.get("PAYCRON_FAULT_VERBOSE") == "1":
+            print("  boundaries: " + ", ".join(sorted({f"{f.name}:{f.phase}" for f in faults})))
         for o in bad:
             print(f"  {o.fault}: {type(o.violation).__name__}: {o.violation}")
     assert all(o.fired for o in outcomes), [str(o.fault) for o in outcomes if not o.fired]

@@ -128,8 +128,9 @@ class Scenario:
     triggers, each of which a scenario turns on by itself."""
 
     name: str
-    #: Re-drives, refunds, event services and reconciliation from a process
-    #: configured for the other processor than the payment's (issue row 1).
+    #: Re-drives and refunds from a console configured for the other processor
+    #: than the payment's, event services and reconciliation from either
+    #: (issue row 1).
     cross_processor: bool = False
     #: The broker takes a message but its reply is lost (the sweeper releases
     #: what a worker may already hold), and a duplicated message meets an
@@ -168,7 +169,7 @@ class Scenario:
     steps: int = 40
 
 
-WHOLE = Scenario("whole machine", examples=30, steps=40)
+WHOLE = Scenario("whole machine", examples=20, steps=40)
 #: What the directed cases narrow calls to: in doubt (a lost answer, a 5xx).
 IN_DOUBT = {CHARGE: ("timeout", "500"), NOTHING: ("500", "timeout"), DEBIT: ("timeout",)}
 ROW_BUDGET = {"examples": 30, "steps": 30}
@@ -186,6 +187,7 @@ SCENARIOS = [
             effects={STRIPE: (CHARGE,)},
             answers=IN_DOUBT,
             lookup_failures=2,
+            hangs=0,
             rules=frozenset(ENGINE | {"create", "redrive", "redrive_all"}),
             **ROW_BUDGET,
         ),
@@ -499,14 +501,16 @@ class PaymentMachine(RuleBasedStateMachine):
             "AND due_at BETWEEN %(due_from)s AND %(due_to)s",
             {"id": payment_id, **self.checker.due},
         ).fetchone()["processor"]
-        if self.scenario.cross_processor or processor is None:
+        if processor is None:
             return data.draw(st.sampled_from(PROCESSORS), label="acting process's processor")
+        if self.scenario.cross_processor:  # the console runs with the other processor's settings
+            return next(p for p in PROCESSORS if p != processor)
         return processor
 
     def _fail_lookups(self, data) -> None:
         failures = self.scenario.lookup_failures
         fails = data.draw(
-            st.sampled_from([True] * failures + [False] * (4 - failures)), label="lookups fail"
+            st.sampled_from([False] * (4 - failures) + [True] * failures), label="lookups fail"
         )
         for p in self.processors.values():
             p.fail_lookups = fails
@@ -582,7 +586,7 @@ class PaymentMachine(RuleBasedStateMachine):
             self.reached["duplicated message"] += 1
         message.deliveries += 1
         hangs = self.scenario.hangs
-        hang = data.draw(st.sampled_from([True] * hangs + [False] * (4 - hangs)), label="hangs")
+        hang = data.draw(st.sampled_from([False] * (4 - hangs) + [True] * hangs), label="hangs")
         self._fail_lookups(data)
         if hang:
             self._note("deliver: worker hangs")
@@ -747,18 +751,18 @@ class PaymentMachine(RuleBasedStateMachine):
             )
         except (DeadLetterActionRefused, GatewayError, NotFound) as refused:
             self.reached[f"redrive refused: {str(refused)[:30]}"] += 1
+            self.reached[f"redrive by {processor} refused: {str(refused)[:40]}"] += 1
             return
         self.reached[f"redrive: {result.action}"] += 1
+        self.reached[f"redrive by {processor}: {result.action}"] += 1
 
     def redrive_all(self, data):
-        """The console's re-drive of a selection: every open letter, one process."""
+        """The console's re-drive of a selection: every open letter, one process
+        (configured for each payment's processor, or with row 1 for the other)."""
         self._note("bulk redrive")
-        processor = data.draw(st.sampled_from(PROCESSORS), label="console's processor")
         self._fail_lookups(data)
         for payment in self._open_letters():
-            if not self.scenario.cross_processor:
-                processor = self._lookup_gateway(data, payment)
-            self._redrive_one(processor, payment)
+            self._redrive_one(self._lookup_gateway(data, payment), payment)
 
     def refund(self, data):
         payment = data.draw(st.sampled_from(self._open_letters()), label="payment")
@@ -919,7 +923,7 @@ OPERATIONS = {
     "reap": lambda m: m.leases_may_pass and bool(m._with("PROCESSING")),
     "cancel": lambda m: any(m.snapshot[p]["attempt"] for p in m._with("PENDING")),
     "redrive": lambda m: bool(m._open_letters()),
-    "redrive_all": lambda m: len(m._open_letters()) > 1,
+    "redrive_all": lambda m: bool(m._open_letters()),
     "refund": lambda m: bool(m._open_letters()),
     "reconcile": lambda m: m._unrecorded_charges(),
     "legacy_row": lambda m: m.scenario.legacy_rows and bool(m.ids),
@@ -952,14 +956,11 @@ MUST_REACH = {
     "outcome AMBIGUOUS",
     "outcome RETRYABLE_ERROR",
     "outcome REJECTED",
-    "outcome AUTH_FAILED",
     "executor lookup",
     "redrive",
     "bulk redrive",
     "refund",
     "reconcile",
-    "answer fake: replay 200",
-    "answer stripe: replay 200_succeeded",
     "debit settles",
     "event lost",
     "settled by event or poll",
