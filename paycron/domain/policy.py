@@ -249,6 +249,14 @@ class Lookup:
     charge: Charge | None = None
     extra: tuple[Charge, ...] = ()
 
+    @property
+    def found(self) -> Charge:
+        """The charge that decided a CHARGED, MISMATCHED or PROCESSING answer
+        (each carries one; only NONE has none)."""
+        if self.charge is None:
+            raise ValueError(f"a lookup answering {self.answer.value!r} holds no charge")
+        return self.charge
+
 
 def _matches(charge: Charge, *, amount: int, currency: str, customer: str | None) -> bool:
     return (

@@ -13,8 +13,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from psycopg import Connection
-
 from paycron.config import Config
 from paycron.domain.enums import Outcome, Resolution, Status
 from paycron.domain.ids import due_range
@@ -24,6 +22,7 @@ from paycron.errors import DeadLetterActionRefused, NotFound
 from paycron.processors.base import Gateway
 from paycron.sql import q
 from paycron.store import transitions
+from paycron.store.db import Connection
 from paycron.store.payments import get_payment
 
 
@@ -66,36 +65,38 @@ def redrive(
 ) -> ActionResult:
     letter = _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
+    assert payment is not None  # it has an open dead letter
     lookup = lookups.look_up(gateway, payment)
     if lookup.answer is Answer.CHARGED:
         if transitions.complete_from_gateway(
             conn,
             payment_id,
             outcome=Outcome.FOUND_BY_LOOKUP,
-            gateway_ref=lookup.charge.id,
+            gateway_ref=lookup.found.id,
             actor=actor,
         ):
             return ActionResult(
-                payment_id, "completed", f"the processor already holds charge {lookup.charge.id}"
+                payment_id, "completed", f"the processor already holds charge {lookup.found.id}"
             )
         raise DeadLetterActionRefused("the payment changed state; look again")
     if lookup.answer is Answer.MISMATCHED:
         raise DeadLetterActionRefused(
-            f"the processor holds {lookup.charge.id} for this payment with another amount, "
+            f"the processor holds {lookup.found.id} for this payment with another amount, "
             "currency or customer: look at it there; never re-driven under a new key"
         )
     if lookup.answer is Answer.PROCESSING:
         if transitions.await_from_lookup(
-            conn, payment_id, intent=lookup.charge.id, actor=actor, poll_seconds=poll_seconds
+            conn, payment_id, intent=lookup.found.id, actor=actor, poll_seconds=poll_seconds
         ):
             return ActionResult(
                 payment_id,
                 "awaiting_gateway",
-                f"the processor is processing {lookup.charge.id}: it waits for its outcome",
+                f"the processor is processing {lookup.found.id}: it waits for its outcome",
             )
         raise DeadLetterActionRefused("the payment changed state; look again")
     if not lookup.conclusive:
         at = lookups.conclusive_at(payment)
+        assert at is not None  # an inconclusive lookup has a bound ahead
         raise DeadLetterActionRefused(
             f"a call of this payment may still land at the processor until "
             f"{at.isoformat()}: re-drive after that"
@@ -119,6 +120,7 @@ def refund(
     """Refund the payment's charge (if the processor holds one) and close its letter."""
     _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
+    assert payment is not None  # it has an open dead letter
     if payment["status"] == Status.AWAITING_GATEWAY:
         raise DeadLetterActionRefused(
             "the payment waits for the processor's outcome: nothing to refund yet"
@@ -129,7 +131,7 @@ def refund(
             "the processor holds no charge for this payment "
             f"({lookup.answer.value}): dismiss it instead"
         )
-    charge = lookup.charge
+    charge = lookup.found
     answer = gateway.refund(charge)
     due_from, due_to = due_range(payment_id)
     with conn.transaction():

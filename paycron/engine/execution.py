@@ -22,8 +22,6 @@ from concurrent.futures import Executor as ThreadPool
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from psycopg_pool import ConnectionPool
-
 from paycron.config import Config
 from paycron.domain import policy
 from paycron.domain.enums import FailureReason, Outcome, Status
@@ -35,6 +33,7 @@ from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import CallLimiter
 from paycron.observability import metrics
 from paycron.processors.base import Gateway
+from paycron.store.db import Pool
 from paycron.store.transitions import Claim, Finished, finish, release, start
 
 log = logging.getLogger("paycron.execution")
@@ -83,9 +82,9 @@ def _found(lookup: policy.Lookup) -> CallResult | None:
     """What a lookup found, as the attempt's outcome: the charge, or the
     processor-side payment still processing (the one the payment waits on)."""
     if lookup.answer is Answer.CHARGED:
-        return CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=lookup.charge.id)
+        return CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=lookup.found.id)
     if lookup.answer is Answer.PROCESSING:
-        return CallResult(Outcome.SUBMITTED, gateway_ref=lookup.charge.id)
+        return CallResult(Outcome.SUBMITTED, gateway_ref=lookup.found.id)
     return None
 
 
@@ -102,7 +101,7 @@ def _ask(gateway: Gateway, row: dict, *, in_doubt: bool) -> policy.Lookup:
             "lookup for payment %s found processor payment %s with another amount, "
             "currency or customer: parked LOOKUP_MISMATCH",
             row["id"],
-            lookup.charge.id,
+            lookup.found.id,
         )
     if lookup.extra:
         log.error(
@@ -125,7 +124,7 @@ class Executor:
         self,
         *,
         config: Config,
-        pool: ConnectionPool,
+        pool: Pool,
         gateway: Gateway,
         breaker: CircuitBreaker,
         call_limiter: CallLimiter | None,

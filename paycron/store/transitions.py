@@ -15,8 +15,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import psycopg
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
 from paycron.domain import policy
@@ -25,6 +23,7 @@ from paycron.domain.ids import due_range
 from paycron.domain.policy import Decision
 from paycron.domain.processing import CallResult
 from paycron.sql import q
+from paycron.store.db import Connection, Pool, one_row
 from paycron.store.payments import get_payment
 
 log = logging.getLogger("paycron.transitions")
@@ -129,7 +128,7 @@ def claim_due(
 
 def count_queued(conn: Connection) -> int:
     """Claims waiting for their call: PROCESSING with no attempt row yet."""
-    return conn.execute(q("count_queued"), {"now": datetime.now(UTC)}, prepare=True).fetchone()["n"]
+    return one_row(conn.execute(q("count_queued"), {"now": datetime.now(UTC)}, prepare=True))["n"]
 
 
 def _claim_params(claims: Sequence[Claim]) -> dict:
@@ -140,7 +139,7 @@ def _claim_params(claims: Sequence[Claim]) -> dict:
     }
 
 
-def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
+def release(pool: Pool, claims: Sequence[Claim]) -> int:
     """Give claims back without a call (breaker open): no budget, no attempt row."""
     with pool.connection() as conn:
         rows = conn.execute(q("release_claims"), _claim_params(claims)).fetchall()
@@ -150,7 +149,7 @@ def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
 
 
 def start(
-    pool: ConnectionPool,
+    pool: Pool,
     claims: Sequence[Claim],
     *,
     lease_seconds: float,
@@ -188,7 +187,7 @@ UNWRITABLE = "unwritable_answer"
 
 
 def finish(
-    pool: ConnectionPool,
+    pool: Pool,
     done: Sequence[Finished],
     *,
     land_seconds: float = 0.0,
@@ -232,7 +231,7 @@ _DEADLOCK_TRIES = 3
 
 
 def _finish_retrying_deadlocks(
-    pool: ConnectionPool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
+    pool: Pool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
 ) -> list[dict]:
     for attempt in range(1, _DEADLOCK_TRIES + 1):
         try:
@@ -245,7 +244,7 @@ def _finish_retrying_deadlocks(
 
 
 def _finish(
-    pool: ConnectionPool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
+    pool: Pool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
 ) -> list[dict]:
     if not done:
         return []
