@@ -74,6 +74,7 @@ STATE = """
 SELECT p.id, p.status, p.in_doubt, p.attempt, p.key_generation, p.failure_reason,
        p.processor, p.lease_until, p.lease_until < now() AS lease_passed,
        p.run_at > now() AS waiting,
+       p.in_doubt AND p.calls_land_by IS NOT NULL AS bounded_doubt,
        (SELECT coalesce(array_agg(a.outcome ORDER BY a.attempt), '{}') FROM attempts a
         WHERE a.payment_id = p.id) AS outcomes,
        (SELECT count(*) FROM payment_events e
