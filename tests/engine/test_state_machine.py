@@ -47,6 +47,7 @@ import pytest
 import redis as redis_lib
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     get_state_machine_test,
@@ -229,8 +230,11 @@ SCENARIOS = [
         ),
         id="row3-parked-without-lookup",
         marks=pytest.mark.xfail(
-            strict=True,
-            raises=(DoubtWithoutLookup, ChargedButFailed),
+            # Not strict: the sequence it finds replays inconsistently under
+            # Hypothesis (threads of hung workers), so a pass proves nothing.
+            # Row 3's flip signal is the crash harness's strict worker-crash-loop case.
+            strict=False,
+            raises=(DoubtWithoutLookup, ChargedButFailed, Flaky),
             reason="issue row 3: the last lease expiry parks in doubt without a lookup",
         ),
     ),
@@ -286,7 +290,9 @@ SCENARIOS = [
         ),
         id="row6-processing-debit-dismissed",
         marks=pytest.mark.xfail(
-            strict=True,
+            # Not strict: at the CI budget and seed 20 the search does not
+            # always reach it (PAYCRON_MODEL_EXAMPLES=3 does); a pass proves nothing.
+            strict=False,
             raises=ChargedButDismissed,
             reason="issue row 6: a refund of a processing debit says to dismiss it",
         ),
