@@ -104,9 +104,12 @@ class PatroniFailover(Failover):
         sampler = threading.Thread(target=self._sample_writers, daemon=True)
         sampler.start()
         if self.fault == "agent":
-            time.sleep(self.agent_down)
-            old.start_agent()
-            print(f"  {_hms(datetime.now(UTC))} {old.name}'s agent started again")
+            # Started again later, as a supervisor would; meanwhile Patroni decides.
+            def restart() -> None:
+                old.start_agent()
+                print(f"  {_hms(datetime.now(UTC))} {old.name}'s agent started again")
+
+            threading.Timer(self.agent_down, restart).start()
         if self.fault == "postmaster":
             # Patroni may restart PostgreSQL in place: the same member may lead again.
             new = cluster.wait_leader(timeout=self.pause_target * 3)

@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -526,19 +527,28 @@ class PatroniCluster:
 
 
 def main() -> None:
-    """Start a cluster, print its URL and roles, wait for Ctrl-C."""
-    cluster = PatroniCluster()
+    """Start a cluster and print its URL and roles; then wait for Ctrl-C
+    (``--smoke``: stop at once)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--smoke", action="store_true", help="start, report, stop")
+    parser.add_argument("--members", type=int, default=2)
+    args = parser.parse_args()
+    cluster = PatroniCluster(members=args.members, timing=TUNED)
     try:
         started = time.monotonic()
         cluster.start()
         print(f"up in {time.monotonic() - started:.1f} s: {cluster.url}")
         print(f"leader {cluster.leader().name}, sync standby {cluster.synchronous_standby()}")
-        with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(1)
+        if not args.smoke:
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(1)
     finally:
         cluster.destroy()
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally clause runs
     main()

@@ -1,7 +1,7 @@
 """Sentry and logging set-up shared by every process.
 
-SPEC §14: no payer, payee, customer, payment method or key in any Sentry
-event field, and (§4) no customer or payment method in a log line. Log lines
+Privacy (docs/design.md): no payer, payee, customer, payment method or key in
+any Sentry event field, and no customer or payment method in a log line. Log lines
 reach Sentry as their templates only; exceptions that quote data (Postgres
 errors: the failing row, a refused value) keep their primary message with
 the values taken out; and the processor's tokens (Stripe ``cus_…``, ``pm_…``)
@@ -188,7 +188,7 @@ def scrub(event: dict, hint: dict | None = None) -> dict | None:
 
 class _RedactedRecord(logging.LogRecord):
     """A log record that prints no processor token and no data a Postgres
-    error quotes (SPEC §4): string and exception arguments are redacted
+    error quotes (docs/api.md): string and exception arguments are redacted
     (the template stays, as Sentry's breadcrumbs need it), and the
     traceback a handler prints is made here, from redacted messages."""
 

@@ -77,6 +77,12 @@ def find_replay(conn: Connection, actor: str, key: str, body_hash: bytes) -> dic
     return get_payment(conn, row["payment_id"], actor=actor)
 
 
+def notify_due(conn: Connection) -> None:
+    """Announce a payment falling due within the sweep interval: sweepers
+    waiting on the channel wake and claim it (scheduler/wake.py)."""
+    conn.execute(q("notify_due"))
+
+
 def create_payment(
     conn: Connection,
     *,
@@ -93,7 +99,7 @@ def create_payment(
     for it and then answer as replays of it (or 409 if their body differs).
 
     A payment naming a customer needs the customer bound to ``actor`` at
-    ``processor`` (SPEC §12): the first create naming it binds it, in the
+    ``processor`` (docs/design.md): the first create naming it binds it, in the
     same transaction as the payment; a customer another actor bound first is
     :class:`CustomerNotYours`, and nothing is created. A create naming a
     customer already bound to it costs no more than one without.

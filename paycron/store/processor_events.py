@@ -1,4 +1,4 @@
-"""The processor's word on payments that wait for it (SPEC §12).
+"""The processor's word on payments that wait for it (docs/design.md).
 
 A signed event is stored as received (:func:`store`); the scheduler's
 gateway-event service then applies it, or polls a waiting payment whose event

@@ -2,7 +2,7 @@
 
 A charge is a PaymentIntent created and confirmed off-session under the
 payment's current key generation, carrying the payment id as
-``metadata[paycron_payment_id]`` (SPEC §12). Every answer is classified by
+``metadata[paycron_payment_id]`` (docs/design.md). Every answer is classified by
 HTTP status, ``error.type`` and ``error.code`` — never by exception class:
 the SDK raises ``APIError`` for a 409 and a 5xx alike — in the one table of
 :func:`classify_error`, beside :func:`classify_intent` for a 200.
@@ -73,7 +73,7 @@ def _intent_id(error: Mapping[str, Any]) -> str | None:
 def classify_error(
     status: int | None, error: Mapping[str, Any], headers: Mapping[str, str] | None = None
 ) -> CallResult:
-    """SPEC §12's answer table for a refused charge: Stripe's HTTP status and
+    """The answer table for a refused charge (docs/design.md): Stripe's HTTP status and
     ``error`` object as an outcome (each row tested through the SDK)."""
     kind, code = error.get("type"), error.get("code")
     stored = error_code_of(error.get("decline_code") or code)

@@ -2,7 +2,7 @@
 
 The SDK takes any :class:`stripe.HTTPClient`; this one gives it what the
 engine needs and the SDK's own clients do not: a **total** timeout per call
-(a call never outlives its lease: SPEC §3; the SDK's clients take one
+(a call never outlives its lease: docs/design.md; the SDK's clients take one
 timeout at construction), set by the adapter around each call; one
 thread-safe keep-alive pool shared by a worker's call threads; and errors
 that say whether the request left us (a refused connection is a definitive
