@@ -56,9 +56,7 @@ from tests.factories import insert_payment
 from tests.faults import AFTER, BEFORE, Fault, FaultPool, Injector, faulty_redis
 from tests.model_processor import CARD, CHARGE, DECLINE, NOTHING, ModelProcessor, Plan
 from tests.money_invariants import (
-    DoubtWithoutLookup,
     MoneyChecker,
-    ParkedNeverSent,
     Violation,
 )
 from tests.support import Clock
@@ -402,26 +400,11 @@ def test_a_crash_at_any_boundary_keeps_the_money_invariants(env, capsys):
 @pytest.mark.parametrize(
     "paths",
     [
-        pytest.param(
-            {"start", "finish"},
-            id="worker-crash-loop",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=(DoubtWithoutLookup, ParkedNeverSent),
-                reason="issue rows 3 and 7: a worker that dies after start parks its payment "
-                "in doubt without a lookup (row 3); one that dies before start parks a "
-                "payment never sent (row 7)",
-            ),
-        ),
-        pytest.param(
-            {"claim"},
-            id="sweeper-crash-loop",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=ParkedNeverSent,
-                reason="issue row 7: every lease expiry counts, also a claim never started",
-            ),
-        ),
+        # Before issue 20's rows 3 and 7 were fixed, the worker's crash loop
+        # parked payments in doubt without a lookup (row 3) or never sent
+        # (row 7), and the sweeper's parked claims never started (row 7).
+        pytest.param({"start", "finish"}, id="worker-crash-loop"),
+        pytest.param({"claim"}, id="sweeper-crash-loop"),
         pytest.param({"release", "reap", "lookup"}, id="reaper-and-console-crash-loop"),
     ],
 )
