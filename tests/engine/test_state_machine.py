@@ -22,11 +22,10 @@ the engine compares Postgres's ``now()`` and its own ``datetime.now`` with
 those columns, so the two clocks move together.
 
 After every step the money invariants of tests/money_invariants.py must
-hold. The known holes of issue 20's table each get a case of their own that
-turns on what reaches them; each is expected to fail with its own invariant
-(``xfail(strict=True, raises=...)``), so it turns red once the hole is
-closed and its marker must go. The ``whole machine`` case turns everything
-else on and must pass.
+hold. The holes of issue 20's table (rows 1 to 7) each have a directed case
+that turns on what reaches them; each found its hole on the code before the
+fixes (as an ``xfail(strict=True, raises=<its invariant>)`` until they
+merged) and must pass now. The ``whole machine`` case turns everything on.
 
 ``PAYCRON_MODEL_EXAMPLES`` multiplies the examples (default 1: about a
 minute for every case together in CI); ``PAYCRON_MODEL_SEED`` picks another
@@ -47,7 +46,6 @@ import pytest
 import redis as redis_lib
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
-from hypothesis.errors import Flaky
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     get_state_machine_test,
@@ -86,14 +84,8 @@ from tests.model_processor import (
     Plan,
 )
 from tests.money_invariants import (
-    ChargedButCancelled,
-    ChargedButDismissed,
-    ChargedButFailed,
-    DoubleCharge,
-    DoubtWithoutLookup,
     EngineCrashed,
     MoneyChecker,
-    ParkedNeverSent,
     Violation,
 )
 from tests.support import Clock
@@ -202,20 +194,10 @@ SCENARIOS = [
             steps=50,
         ),
         id="row1-other-processor-lookup",
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=DoubleCharge,
-            reason="issue row 1: a lookup asks the acting process's processor, not the payment's",
-        ),
     ),
     pytest.param(
         Scenario("row 2", ambiguous_hand_backs=True, lose_messages=False, **ROW_BUDGET),
         id="row2-release-after-start",
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=(ChargedButCancelled, ChargedButFailed),
-            reason="issue row 2: release_claims is fenced on status and attempt only",
-        ),
     ),
     pytest.param(
         Scenario(
@@ -229,14 +211,6 @@ SCENARIOS = [
             steps=40,
         ),
         id="row3-parked-without-lookup",
-        marks=pytest.mark.xfail(
-            # Not strict: the sequence it finds replays inconsistently under
-            # Hypothesis (threads of hung workers), so a pass proves nothing.
-            # Row 3's flip signal is the crash harness's strict worker-crash-loop case.
-            strict=False,
-            raises=(DoubtWithoutLookup, ChargedButFailed, Flaky),
-            reason="issue row 3: the last lease expiry parks in doubt without a lookup",
-        ),
     ),
     pytest.param(
         Scenario(
@@ -251,11 +225,6 @@ SCENARIOS = [
             **ROW_BUDGET,
         ),
         id="row4-missing-bound",
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=(DoubleCharge, EngineCrashed, ChargedButFailed),
-            reason="issue row 4: a missing in-flight bound counts as conclusive",
-        ),
     ),
     pytest.param(
         Scenario(
@@ -269,11 +238,6 @@ SCENARIOS = [
             **ROW_BUDGET,
         ),
         id="row5-absurd-answer",
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=EngineCrashed,
-            reason="issue row 5: a CheckViolation in finish loses the group",
-        ),
     ),
     pytest.param(
         Scenario(
@@ -289,22 +253,10 @@ SCENARIOS = [
             steps=40,
         ),
         id="row6-processing-debit-dismissed",
-        marks=pytest.mark.xfail(
-            # Not strict: at the CI budget and seed 20 the search does not
-            # always reach it (PAYCRON_MODEL_EXAMPLES=3 does); a pass proves nothing.
-            strict=False,
-            raises=ChargedButDismissed,
-            reason="issue row 6: a refund of a processing debit says to dismiss it",
-        ),
     ),
     pytest.param(
         Scenario("row 7", max_lease_expiries=2, expire_only="never_started", **ROW_BUDGET),
         id="row7-never-sent-parked",
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=ParkedNeverSent,
-            reason="issue row 7: every lease expiry counts, also a claim never started",
-        ),
     ),
 ]
 
