@@ -15,7 +15,17 @@ from paycron.observability.sentry import init_sentry
 from paycron.processors.factory import build_gateway
 from paycron.store.apikeys import PrincipalCache
 from paycron.store.db import make_pool, make_redis
-from web import admin, console, events, gateway_events, health, metrics, payments, webhooks
+from web import (
+    admin,
+    batches,
+    console,
+    events,
+    gateway_events,
+    health,
+    metrics,
+    payments,
+    webhooks,
+)
 from web.api import Api
 from web.problems import register_error_handlers
 from web.schemas import now_utc
@@ -49,7 +59,15 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     register_error_handlers(app)
     metrics.install(app, breaker=breaker)
     api = Api(app)  # serves GET /openapi.json, generated from the blueprints' schemas
-    for blueprint in (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp, gateway_events.bp):
+    for blueprint in (
+        health.bp,
+        payments.bp,
+        batches.bp,
+        admin.bp,
+        events.bp,
+        webhooks.bp,
+        gateway_events.bp,
+    ):
         api.register_blueprint(blueprint)
     console.install(app, breaker=breaker)  # only with CONSOLE_SECRET_KEY
     return app

@@ -21,7 +21,12 @@ def limited(config):
 
     def make(*, rate: int, burst: int, **overrides):
         app = create_app(
-            config.with_overrides(api_rate_limit=rate, api_rate_burst=burst, **overrides)
+            config.with_overrides(
+                api_rate_limit=rate,
+                api_rate_burst=burst,
+                batch_max_items=min(burst, overrides.pop("batch_max_items", burst)),
+                **overrides,
+            )
         )
         apps.append(app)
         return app.test_client()
