@@ -81,7 +81,7 @@ class BatchRequestSchema(Strict):
             metadata={
                 "description": "A BatchItem. Anything else is refused in its own result.",
                 "anyOf": [{"$ref": f"#/components/schemas/{BATCH_ITEM}"}, {}],
-            }
+            },
         ),
         required=True,
         validate=validate.Length(min=1, error="items must hold at least one item"),
