@@ -91,3 +91,20 @@ def test_the_openapi_document_states_the_429(client):
     operation = client.get("/openapi.json").json["paths"][URL]["get"]
     answer = operation["responses"]["429"]
     assert "Retry-After" in answer["headers"]
+
+
+def test_a_charge_of_many_takes_all_or_none(config, redis_client):
+    from paycron.errors import RateLimited
+    from paycron.limits.rate_limits import ActorRateLimiter
+
+    limiter = ActorRateLimiter(
+        redis_client, config.with_overrides(api_rate_limit=1, api_rate_burst=10, batch_max_items=10)
+    )
+    limiter.charge("alice", 7)
+    with pytest.raises(RateLimited) as refused:
+        limiter.charge("alice", 5)  # 3 left: 2 more in 2 s
+    assert refused.value.retry_after >= 2
+    limiter.charge("alice", 3)  # the refusal took nothing
+    with pytest.raises(RateLimited):
+        limiter.charge("alice")
+    limiter.charge("bob", 10)
