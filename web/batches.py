@@ -12,21 +12,25 @@ limit) refuses it whole, before anything is written. See ``docs/batch.md``.
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
+
 from flask import current_app, g, jsonify, request
 from marshmallow import ValidationError, fields, post_load, validate
 
 from paycron.config import Config
+from paycron.domain.money import ISO_4217
 from paycron.errors import PaycronError, ValidationFailed
 from paycron.store import batches
 from paycron.store.batches import BatchItem
 from paycron.store.db import bounded_write
-from paycron.store.payments import Created, request_hash
+from paycron.store.payments import Created, NewPayment, request_hash
 from web.api import Blueprint, document_schema, json_body
 from web.auth import charge, require_key
 from web.bodies import json_object, load
 from web.payments import CreatePaymentSchema
 from web.problems import NOT_JSON, Problem, ProblemSchema, error_body, problem
-from web.schemas import Answer, PaymentSchema, Strict
+from web.schemas import Answer, PaymentSchema, Strict, compiled_dump
 
 bp = Blueprint(
     "batches",
@@ -68,6 +72,64 @@ class BatchItemSchema(CreatePaymentSchema):
     @post_load
     def _new_payment(self, data: dict, **kwargs):
         return data["idempotency_key"], super()._new_payment(data, **kwargs)
+
+
+class PlainItems:
+    """The common item, checked without marshmallow's machinery: an ASCII
+    payee, an amount, a dueAt and perhaps a currency, with no processor
+    fields and no processor rules. It answers exactly what
+    :class:`BatchItemSchema` would load, or None, and the schema then
+    decides (every refusal, every other shape): a batch of 1,000 items
+    costs the schema about 100 ms of CPU, this a few ms. A property test
+    holds the two to the same answers (tests/web/test_batch_items.py)."""
+
+    FIELDS = frozenset({KEY, "payee", "amount", "dueAt", "currency"})
+
+    def __init__(self, schema: BatchItemSchema):
+        config = schema.config
+        self.enabled = schema.processor_rules is None and not config.needs_customer
+        self.clock, self.horizon = schema.clock, timedelta(days=config.horizon_days)
+        self.max_amount, self.default_currency = config.max_amount_minor, config.default_currency
+        self.currencies = frozenset(ISO_4217)
+
+    def load(self, item: dict) -> tuple[str, NewPayment] | None:
+        if not self.enabled or not item.keys() <= self.FIELDS:
+            return None
+        key, payee, amount, due = (item.get(n) for n in (KEY, "payee", "amount", "dueAt"))
+        currency = item.get("currency")
+        if not (
+            type(key) is str
+            and 1 <= len(key) <= 255
+            and _PRINTABLE.match(key)
+            and type(payee) is str
+            and 1 <= len(payee) <= 200
+            and payee.isascii()
+            and "\x00" not in payee
+            and type(amount) is int
+            and 1 <= amount <= self.max_amount
+            and type(due) is str
+            and (currency is None or (type(currency) is str and currency in self.currencies))
+        ):
+            return None
+        try:
+            due_at = datetime.fromisoformat(due)
+        except ValueError:
+            return None
+        if due_at.tzinfo is None:
+            return None
+        now = self.clock()
+        if not now < due_at <= now + self.horizon:
+            return None
+        new = NewPayment(
+            payee=payee,
+            amount_minor=amount,
+            currency=currency or self.default_currency,
+            due_at=due_at.astimezone(UTC),
+        )
+        return key, new
+
+
+_PRINTABLE = re.compile(r"^[\x20-\x7e]*$")
 
 
 class BatchRequestSchema(Strict):
@@ -120,7 +182,7 @@ class BatchResult(fields.Field):
     """One item's result: a :class:`BatchCreatedSchema` or a
     :class:`BatchRefusedSchema`, as the item went."""
 
-    _created, _refused = BatchCreatedSchema(), BatchRefusedSchema()
+    _created, _refused = compiled_dump(BatchCreatedSchema()), BatchRefusedSchema()
 
     def __init__(self, **kwargs):
         super().__init__(
@@ -134,8 +196,9 @@ class BatchResult(fields.Field):
         )
 
     def _serialize(self, value, attr, obj, **kwargs):
-        schema = self._created if "payment" in value else self._refused
-        return schema.dump(value)
+        if "payment" in value:
+            return self._created(value)
+        return self._refused.dump(value)
 
 
 class BatchResultsSchema(Answer):
@@ -152,9 +215,9 @@ def _build_schemas(state) -> None:
     # One of each per app, from its config and clock, as the single create's.
     app = state.app
     config, clock = app.extensions["paycron.config"], app.extensions["paycron.clock"]
-    app.extensions["paycron.batch_item_schema"] = document_schema(
-        app, BATCH_ITEM, BatchItemSchema(config, clock)
-    )
+    item_schema = document_schema(app, BATCH_ITEM, BatchItemSchema(config, clock))
+    app.extensions["paycron.batch_item_schema"] = item_schema
+    app.extensions["paycron.batch_plain_items"] = PlainItems(item_schema)
     app.extensions["paycron.batch_request_schema"] = document_schema(
         app, BATCH_REQUEST, BatchRequestSchema(config)
     )
@@ -229,7 +292,8 @@ def create_batch():
             f"this one has {len(items)}",
         )
     charge(actor, len(items))
-    prepared = [_prepare(item) for item in items]
+    plain = current_app.extensions["paycron.batch_plain_items"]
+    prepared = [_prepare(item, plain) for item in items]
     with current_app.extensions["paycron.pool"].connection() as conn:
         with bounded_write(conn, config.web_statement_timeout):
             prepared = _refuse_unpartitioned(conn, prepared, config)
@@ -243,13 +307,16 @@ def create_batch():
     return jsonify(_RESULTS.dump({"results": _results(outcomes)}))
 
 
-def _prepare(item: object) -> BatchItem:
+def _prepare(item: object, plain: PlainItems) -> BatchItem:
     """An item checked by its schema: the payment it asks for, or its refusal
     (with its key and body hash when the key itself is usable, so a replay
     is still answered whatever else is wrong, as a single create's is)."""
     if not isinstance(item, dict):
         return BatchItem(None, None, refusal=ValidationFailed(NOT_AN_OBJECT))
     body_hash = request_hash({name: value for name, value in item.items() if name != KEY})
+    loaded = plain.load(item)
+    if loaded is not None:
+        return BatchItem(loaded[0], body_hash, new=loaded[1])
     try:
         key, new = current_app.extensions["paycron.batch_item_schema"].load(item)
     except ValidationError as exc:
