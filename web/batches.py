@@ -182,7 +182,7 @@ class BatchResult(fields.Field):
     """One item's result: a :class:`BatchCreatedSchema` or a
     :class:`BatchRefusedSchema`, as the item went."""
 
-    _created, _refused = compiled_dump(BatchCreatedSchema()), BatchRefusedSchema()
+    _created, _refused = staticmethod(compiled_dump(BatchCreatedSchema())), BatchRefusedSchema()
 
     def __init__(self, **kwargs):
         super().__init__(

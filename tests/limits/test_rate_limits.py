@@ -94,17 +94,19 @@ def test_the_openapi_document_states_the_429(client):
 
 
 def test_a_charge_of_many_takes_all_or_none(config, redis_client):
+    """A bucket of 500 refilled at 1/s: what refills meanwhile never changes an answer."""
     from paycron.errors import RateLimited
     from paycron.limits.rate_limits import ActorRateLimiter
 
     limiter = ActorRateLimiter(
-        redis_client, config.with_overrides(api_rate_limit=1, api_rate_burst=10, batch_max_items=10)
+        redis_client,
+        config.with_overrides(api_rate_limit=1, api_rate_burst=500, batch_max_items=500),
     )
-    limiter.charge("alice", 7)
+    limiter.charge("alice", 300)
     with pytest.raises(RateLimited) as refused:
-        limiter.charge("alice", 5)  # 3 left: 2 more in 2 s
-    assert refused.value.retry_after >= 2
-    limiter.charge("alice", 3)  # the refusal took nothing
+        limiter.charge("alice", 250)  # ~200 left: ~50 more at 1/s
+    assert refused.value.retry_after >= 30
+    limiter.charge("alice", 200)  # the refusal took nothing
     with pytest.raises(RateLimited):
-        limiter.charge("alice")
-    limiter.charge("bob", 10)
+        limiter.charge("alice", 60)
+    limiter.charge("bob", 500)
