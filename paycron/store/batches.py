@@ -103,7 +103,7 @@ class _Prepared:
 
     def __init__(self, conn: Connection, actor: str, items: Sequence[BatchItem], processor: str):
         self.conn, self.actor, self.processor = conn, actor, processor
-        named = {item.new.customer for item in items if item.new and item.new.customer}
+        named = {item.new.customer for item in items if item.new and item.new.customer is not None}
         owners = _owners(conn, processor, named) if named else {}
         #: Items refused because another payer bound their customer first.
         self.not_yours = {
@@ -120,9 +120,9 @@ class _Prepared:
         self.items = items
         self.unbound = sorted(
             {
-                items[i].new.customer
+                customer
                 for i in self.creators.values()
-                if items[i].new.customer and items[i].new.customer not in owners
+                if (customer := _customer(items[i])) is not None and customer not in owners
             }
         )
 
@@ -154,6 +154,10 @@ class _Prepared:
                 raise _StartOver  # leaving the block rolls the bindings back
             params["bound"] = sorted(bound)
             return {row["key"]: row for row in self.conn.execute(q("create_batch"), params)}
+
+
+def _customer(item: BatchItem) -> str | None:
+    return item.new.customer if item.new is not None else None
 
 
 class _StartOver(Exception):
@@ -199,9 +203,12 @@ def _answer(
     used: dict[str, _Used] = {}
     for key, row in created.items():
         del row["key"]
-        creator = items[prepared.creators[key]]
         used[key] = _Used(
-            creator.body_hash, row["id"], row["due_at"], {**row, "attempts": []}, True
+            items[prepared.creators[key]].body_hash,
+            row["id"],
+            row["due_at"],
+            {**row, "attempts": []},
+            True,
         )
     earlier = sorted({item.key for item in items if item.key is not None} - created.keys())
     if earlier:
@@ -210,9 +217,9 @@ def _answer(
     answers: list[Outcome | _Used] = []
     for index, item in enumerate(items):
         state = used.get(item.key) if item.key is not None else None
-        if state is not None and state.created_here:
+        if state is not None and state.created_here and item.key is not None:
             creator = prepared.creators[item.key]
-            if index == creator:
+            if index == creator and state.payment is not None:
                 answers.append(Created(payment=state.payment, replayed=False))
                 continue
             if index < creator:
@@ -226,7 +233,7 @@ def _answer(
     replayed = {
         item.key: answer
         for item, answer in zip(items, answers, strict=True)
-        if isinstance(answer, _Used) and not answer.created_here
+        if isinstance(answer, _Used) and not answer.created_here and item.key is not None
     }
     if replayed:
         _load_payments(conn, actor, list(replayed.values()))
