@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from tempfile import mkdtemp
 
+from bench.harness import parse_args
 from devtools.fake_gateway import STRIPE_API_KEY, GatewayHandle
 from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
 from paycron.config import STRIPE_API_VERSION
@@ -68,7 +69,7 @@ def main() -> None:
     parser.add_argument("--charges", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=32)
     parser.add_argument("--latency-ms", type=int, default=300)
-    args = parser.parse_args()
+    args = parse_args(parser, charges=60, threads=8, latency_ms=20)
     port = free_port()
     procs = ProcessGroup(Path(mkdtemp(prefix="paycron-adapter-cpu-")), {})
     try:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import urllib3
 
-from bench.harness import UNLIMITED_API
+from bench.harness import UNLIMITED_API, horizon_days, parse_args
 from bench.servers import PrivatePostgres, PrivateRedis
 from devtools.procs import ProcessGroup, free_port, wait_http, web_args
 from paycron.config import Config
@@ -194,7 +194,7 @@ def main() -> None:
     parser.add_argument(
         "--web-threads", type=int, default=4, help="gunicorn --threads (default: the Procfile's)"
     )
-    args = parser.parse_args()
+    args = parse_args(parser, minutes=0.2, rate=20.0, threads=2, web_workers=1, web_threads=2)
 
     pg, redis_server = PrivatePostgres(), PrivateRedis()
     pg.start()
@@ -202,7 +202,9 @@ def main() -> None:
     logdir = Path(tempfile.mkdtemp(prefix="paycron-churn-"))
     procs = None
     try:
-        config = Config(database_url=pg.url, redis_url=redis_server.url)
+        config = Config(
+            database_url=pg.url, redis_url=redis_server.url, horizon_days=horizon_days()
+        )
         with connect(config) as conn:
             migrate(conn)
             ensure_partitions(conn, config)

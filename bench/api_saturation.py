@@ -40,7 +40,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.harness import REDIS_URL, UNLIMITED_API, private_database
+from bench.harness import REDIS_URL, UNLIMITED_API, parse_args, private_database
 from devtools.procs import ProcessGroup, free_port, wait_http, web_args
 from paycron.config import Config
 from paycron.store.apikeys import create_api_key
@@ -305,7 +305,15 @@ def main() -> None:
         default=None,
         help="override gunicorn --worker-class (default: the Procfile's)",
     )
-    args = parser.parse_args()
+    args = parse_args(
+        parser,
+        seconds=1.0,
+        latency_seconds=1.0,
+        connections=4,
+        paced_connections=2,
+        workers=1,
+        threads=2,
+    )
     workdir = Path(tempfile.mkdtemp(prefix="paycron-api-bench-"))
     namespace = f"paycron-bench-{uuid.uuid4().hex[:8]}"
     with private_database() as url:

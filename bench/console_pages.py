@@ -1,4 +1,4 @@
-"""The operator console's pages stay fast with millions of rows (SPEC §16).
+"""The operator console's pages stay fast with millions of rows (docs/operations.md).
 
     python -m bench.console_pages                      # 1,000,000 payments
     python -m bench.console_pages --payments 200000 --requests 20
@@ -25,7 +25,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from bench.harness import REDIS_URL, private_database
+from bench.harness import REDIS_URL, horizon_days, parse_args, private_database
 from paycron.config import Config
 from paycron.domain.ids import new_payment_id
 from paycron.store import apikeys, partitions
@@ -39,7 +39,9 @@ def load(conn, n: int) -> dict:
     now = datetime.now(UTC)
     start = now.replace(hour=0, minute=0, second=0, microsecond=0)
     # the week before today has partitions too (retention keeps 90 days)
-    partitions.ensure_partitions(conn, Config(), today=now.date() - timedelta(days=8))
+    partitions.ensure_partitions(
+        conn, Config(horizon_days=horizon_days()), today=now.date() - timedelta(days=8)
+    )
     rng = random.Random(7)
     rows, parked, failed = [], [], None
     for i in range(n):
@@ -230,7 +232,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--payments", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=30)
-    run(**vars(parser.parse_args()))
+    args = vars(parse_args(parser, payments=2000, requests=2))
+    args.pop("smoke")
+    run(**args)
 
 
 if __name__ == "__main__":

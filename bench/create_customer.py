@@ -1,4 +1,4 @@
-"""What binding customers to payers costs a create (SPEC §12): a create
+"""What binding customers to payers costs a create (docs/design.md): a create
 naming a customer its payer already uses is the one statement a create
 without one is; only the first create naming a customer binds it, in a
 transaction of its own.
@@ -22,7 +22,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from bench.harness import REDIS_URL, private_database
+from bench.harness import REDIS_URL, parse_args, private_database
 from paycron.config import Config
 from paycron.store import apikeys
 from paycron.store.db import connect
@@ -96,7 +96,9 @@ def run(requests: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=500)
-    run(**vars(parser.parse_args()))
+    args = vars(parse_args(parser, requests=20))
+    args.pop("smoke")
+    run(**args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Fair claiming across payers (SPEC §14, issue 13): small payers beside one
+"""Fair claiming across payers (docs/design.md, issue 13): small payers beside one
 payer's big backlog, everything due in the same second.
 
     python -m bench.fairness                 # both cases of the issue
@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from bench.harness import (
     due_in,
     max_charges_per_key,
+    parse_args,
     private_database,
     procfile_system,
     wait_until_settled,
@@ -46,17 +47,21 @@ GROUP BY 1 ORDER BY 1;
 """)
 
 #: name: (big backlog, small payers, payments each, ceiling per second)
-CASES = {"small": (1500, 1, 15, 100), "many": (100_000, 100, 10, 500)}
+CASES = {
+    "small": (1500, 1, 15, 100),
+    "many": (100_000, 100, 10, 500),
+    "smoke": (60, 2, 5, 100),  # --smoke: proves the command runs
+}
 
 
-def run_case(name: str, latency_ms: int) -> None:
+def run_case(name: str, latency_ms: int, lead_seconds: float = 15.0) -> None:
     big, payers, each, ceiling = CASES[name]
     total = big + payers * each
     with (
         private_database() as url,
         procfile_system(url, ceiling=ceiling, **latency_faults(latency_ms)) as system,
     ):
-        spike = due_in(15)
+        spike = due_in(lead_seconds)
         with connect(system.config()) as conn:
             bulk_insert(conn, big, due_at=spike, payer="big")
             for n in range(payers):
@@ -101,9 +106,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=sorted(CASES), action="append")
     parser.add_argument("--latency-ms", type=int, default=300)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--lead-seconds", type=float, default=15.0, help="how far ahead the spike is written"
+    )
+    args = parse_args(parser, case=["smoke"], latency_ms=20, lead_seconds=3.0)
     for name in args.case or ["small", "many"]:
-        run_case(name, args.latency_ms)
+        run_case(name, args.latency_ms, args.lead_seconds)
 
 
 if __name__ == "__main__":

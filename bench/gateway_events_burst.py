@@ -29,7 +29,7 @@ from tempfile import mkdtemp
 
 import redis
 
-from bench.harness import REDIS_URL, private_database
+from bench.harness import REDIS_URL, parse_args, private_database
 from devtools.fake_gateway import STRIPE_API_KEY, STRIPE_WEBHOOK_SECRET, GatewayHandle
 from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
 from paycron.config import STRIPE_API_VERSION, Config
@@ -132,7 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--rate", type=int, default=500)
-    args = parser.parse_args()
+    args = parse_args(parser, events=30, rate=200)
     port = free_port()
     procs = ProcessGroup(Path(mkdtemp(prefix="paycron-events-burst-")), {})
     with private_database() as database_url:

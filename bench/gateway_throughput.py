@@ -33,6 +33,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.harness import parse_args
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -162,7 +164,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1, help="client processes")
     parser.add_argument("--url", help="an already running gateway (default: start one)")
     parser.add_argument("--surface", choices=sorted(SURFACES), default="card")
-    args = parser.parse_args()
+    args = parse_args(parser, requests=200, threads=4)
 
     proc, url = (None, args.url) if args.url else start_gateway()
     try:

@@ -1,4 +1,4 @@
-"""Spikes at a real processor's latency (issue 10, SPEC §13).
+"""Spikes at a real processor's latency (issue 10, docs/design.md).
 
 N payments due in the same second; the fake gateway answers after a
 lognormal latency around the given median (p99 = 2 x median) and refuses
@@ -23,6 +23,7 @@ from bench.harness import (
     due_in,
     in_flight,
     max_charges_per_key,
+    parse_args,
     private_database,
     procfile_system,
     settled_counts,
@@ -119,12 +120,15 @@ def main() -> None:
     parser.add_argument("--payments", type=int)
     parser.add_argument("--ceiling", type=int)
     parser.add_argument("--latency-ms", type=int)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--lead-seconds", type=float, default=8.0, help="how far ahead the spike is written"
+    )
+    args = parse_args(parser, payments=60, ceiling=200, latency_ms=20, lead_seconds=3.0)
     spikes = SPIKES
     if args.payments or args.ceiling or args.latency_ms:
         spikes = ((args.payments or 3000, args.ceiling or 500, args.latency_ms or 300),)
     for spike in spikes:
-        report(run_spike(*spike))
+        report(run_spike(*spike, lead_seconds=args.lead_seconds))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The uncapped rate at a real processor's latency: paycron beside pgqueuer
-used asynchronously, same gateway settings, same run (issue 10, SPEC §13).
+used asynchronously, same gateway settings, same run (issue 10, docs/design.md).
 
 N payments due now; the fake gateway answers after a lognormal latency
 around the median (bench.latency's shape: p99 twice the median) with no
@@ -44,6 +44,7 @@ from bench.harness import (
     cpu_seconds,
     in_flight,
     max_charges_per_key,
+    parse_args,
     postgres_cpu_seconds,
     private_database,
     quiet_load,
@@ -259,8 +260,13 @@ def main() -> None:
         default=1.5,
         help="each phase waits (up to 10 min) for the 1-minute load to fall to this",
     )
+    parser.add_argument(
+        "--lead-seconds", type=float, default=8.0, help="how far ahead the timed rows are written"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(
+        parser, payments=60, warmup=10, latency_ms=20, rounds=1, max_load=1e9, lead_seconds=3.0
+    )
     if args.worker:
         run_worker(args.pgq_batch, args.pgq_max_tasks)
         return
@@ -284,7 +290,7 @@ def main() -> None:
         print(f"round {i + 1}")
         load = quiet_load(args.max_load)
         with private_database() as url:
-            engine = run_paycron(url, n, median, warmup=warmup)
+            engine = run_paycron(url, n, median, warmup=warmup, lead_seconds=args.lead_seconds)
         flight = engine["in_flight"]
         report(
             "paycron",

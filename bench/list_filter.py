@@ -1,4 +1,4 @@
-"""A filtered list costs about what an unfiltered one does (SPEC §14 bounded
+"""A filtered list costs about what an unfiltered one does (docs/api.md: bounded
 reads, issue 13): one payer's long history, a status that is rare in it.
 
     python -m bench.list_filter                  # 20,000 payments, 1 in 500 CANCELLED
@@ -20,7 +20,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from bench.harness import REDIS_URL, private_database
+from bench.harness import REDIS_URL, parse_args, private_database
 from paycron.config import Config
 from paycron.domain.ids import new_payment_id
 from paycron.store import apikeys
@@ -137,7 +137,9 @@ def main() -> None:
     parser.add_argument(
         "--cancelled-every", type=int, default=500, help="one payment in this many is CANCELLED"
     )
-    run(**{k.replace("-", "_"): v for k, v in vars(parser.parse_args()).items()})
+    args = vars(parse_args(parser, payments=1000, requests=10, cancelled_every=50))
+    args.pop("smoke")
+    run(**args)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from bench.harness import (
     ALL_TIME,
     System,
     max_charges_per_key,
+    parse_args,
     private_database,
     settled_counts,
     wait_until_settled,
@@ -44,7 +45,7 @@ def main() -> None:
         default=8.0,
         help="how far ahead of the spike the rows are written",
     )
-    args = parser.parse_args()
+    args = parse_args(parser, payments=100, ceiling=200, lead_seconds=3.0)
     settings = {
         "GATEWAY_RATE_LIMIT": str(args.ceiling),
         "SWEEP_INTERVAL_SECONDS": "0.5",

@@ -44,6 +44,7 @@ from bench.harness import (
     System,
     cpu_seconds,
     max_charges_per_key,
+    parse_args,
     postgres_cpu_seconds,
     private_database,
     settled_counts,
@@ -83,6 +84,11 @@ def asyncpg_params(url: str) -> dict:
         "user": info.get("user"),
         "password": info.get("password"),
         "database": info.get("dbname"),
+        # paycron's session settings (paycron/store/db.py): without custom
+        # plans, asyncpg's prepared statements turn generic after five runs
+        # and lock every day partition (~1,900 locks each), which ran this
+        # server out of its lock table ("out of shared memory") mid-run.
+        "server_settings": {"plan_cache_mode": "force_custom_plan", "TimeZone": "UTC"},
     }
 
 
@@ -298,7 +304,7 @@ def main() -> None:
         "--skip-paycron", action="store_true", help="pgqueuer alone (for tuning it)"
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, payments=100, pgq_processes=1, pgq_threads=4)
     if args.worker:
         run_worker(args.pgq_batch, args.pgq_max_tasks)
         return

@@ -197,7 +197,7 @@ def _alive(pid: int) -> bool:
 
 
 class ReplicatedPostgres:
-    """A primary and one streaming standby (SPEC §15), each a
+    """A primary and one streaming standby (docs/operations.md), each a
     :class:`PrivatePostgres`. ``synchronous``: the primary names the standby
     in ``synchronous_standby_names`` with ``synchronous_commit=on``, so a
     commit returns only once the standby has flushed it; otherwise the

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import UNLIMITED_API
+from bench.harness import UNLIMITED_API, parse_args
 from bench.servers import PrivatePostgres, PrivateRedis
 from devtools.fake_gateway import (
     STRIPE_API_KEY,
@@ -510,7 +510,8 @@ def main() -> None:
         help="charge through the fake's card API, or through the Stripe SDK "
         "against the fake's Stripe surface (bank debits, signed events)",
     )
-    args = parser.parse_args()
+    args = parse_args(parser)
+    args.short = args.short or args.smoke
     plan = SHORT if args.short else FULL
     if args.payments:
         plan.payments = args.payments

@@ -29,6 +29,7 @@ from bench.harness import (
     System,
     cpu_seconds,
     max_charges_per_key,
+    parse_args,
     private_database,
     settled_counts,
     wait_until_settled,
@@ -101,7 +102,7 @@ def main() -> None:
         default=0,
         help="median gateway latency, lognormal (default 0: instant)",
     )
-    args = parser.parse_args()
+    args = parse_args(parser, minutes=0.1, rate=20, lead_seconds=3.0)
     defaults = Config()
     ceiling = defaults.gateway_rate_limit
     rate = args.rate or ceiling // 2

@@ -1,26 +1,31 @@
-"""Sweep cost against history: claim latency with 10,000 PENDING rows due
-now, in a database with no history beside one holding 5,000,000 terminal
-rows (COMPLETED / FAILED / CANCELLED) spread over the past 90 day
-partitions. Both databases have the same partitions (the past 90 days are
-created in both). Target: median(history) / median(empty) <= 1.2.
+"""Sweep cost against history: claim latency with PENDING rows due now, in a
+fresh database (paycron's own partitions only) beside one holding 5,000,000
+terminal rows (COMPLETED / FAILED / CANCELLED) in 90 past day partitions
+still attached (the retention). The history database is claimed from twice,
+in the same run: as the partition keeper leaves it (the live bound raised
+past every settled day, so claims prune those days at plan time) and with
+the bound held at its lowest (every past day planned: paycron before the
+bound). Target: median(history) / median(fresh) <= 1.2.
 
-Each claim is ``claim_due(limit=10)`` in its own transaction (autocommit:
-one statement), timed from the client. The two databases are measured in
-alternating blocks so that load from elsewhere on the machine falls on both
-alike. History rows are generated in SQL (INSERT ... SELECT generate_series)
-with ids built like paycron/domain/ids.py: the due time in milliseconds in the top
-48 bits, version 7, variant 10, the rest random. Both databases are
-VACUUM ANALYZEd after loading, so autovacuum does not run during the
-measurement in one of them only.
+Each claim is ``claim_due(limit=10)`` in its own transaction, timed from the
+client. The series are measured in alternating blocks so that load from
+elsewhere on the machine falls on all alike. History rows are generated in
+SQL (INSERT ... SELECT generate_series) with ids built like
+paycron/domain/ids.py: the due time in milliseconds in the top 48 bits,
+version 7, variant 10, the rest random. Both databases are VACUUM ANALYZEd
+after loading, so autovacuum does not run during the measurement in one of
+them only. EXPLAIN ANALYZE of one claim's lock step gives planning and
+execution time apart.
 
     python -m bench.sweep_history [--history 5000000] [--pending 10000]
-        [--claims 1000] [--days 90]
+        [--claims 1000] [--days 90] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import time
@@ -28,13 +33,16 @@ from datetime import UTC, datetime, timedelta
 
 from psycopg import sql
 
-from bench.harness import private_database
+from bench.harness import parse_args, private_database
 from devtools.factories import bulk_insert
 from paycron.config import Config
 from paycron.sql import q
 from paycron.store.db import connect
-from paycron.store.partitions import day_start, partition_name
+from paycron.store.partitions import day_start, live_bound, partition_name, raise_live_bound
 from paycron.store.transitions import claim_due
+
+#: The bound at its lowest: every attached day is planned (paycron before it).
+LOWEST = datetime(1, 1, 1, tzinfo=UTC)
 
 #: A payment id in SQL, as paycron/domain/ids.py makes it: 48 bits of due time in
 #: ms, the version nibble 7, then 19 hex digits of a v4 UUID starting right
@@ -116,12 +124,17 @@ class Rollback(Exception):
     pass
 
 
-def explain_summary(conn) -> str:
+def explain_summary(conn, live_from: datetime) -> str:
     try:
         with conn.transaction():
             plan = conn.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("lock_due_fairly"),
-                {"limit": 10, "now": datetime.now(UTC)},
+                {
+                    "limit": 10,
+                    "now": datetime.now(UTC),
+                    "processor": "fake",
+                    "live_from": live_from,
+                },
             ).fetchone()
             raise Rollback(plan)
     except Rollback as done:
@@ -147,22 +160,23 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=10, help="rows per claim")
     parser.add_argument("--days", type=int, default=90)
     parser.add_argument("--block", type=int, default=50, help="claims per alternating block")
-    args = parser.parse_args()
+    args = parse_args(parser, history=20_000, pending=200, claims=40, days=10, block=10)
+    series = ("fresh", "history", "history, bound lowest")
     with contextlib.ExitStack() as stack:
         urls = {
-            "empty": stack.enter_context(private_database("paycron_bench_empty")),
+            "fresh": stack.enter_context(private_database("paycron_bench_fresh")),
             "history": stack.enter_context(private_database("paycron_bench_hist")),
         }
         conns = {
-            name: stack.enter_context(connect(Config(database_url=url)))
-            for name, url in urls.items()
+            name: stack.enter_context(connect(Config(database_url=urls[db])))
+            for name, db in zip(series, ("fresh", "history", "history"), strict=True)
         }
-        for conn in conns.values():
-            create_past_partitions(conn, args.days)
+        create_past_partitions(conns["history"], args.days)
         load_seconds = load_history(conns["history"], args.history, args.days)
         bad_ids = check_ids(conns["history"])
-        for name, conn in conns.items():
-            bulk_insert(conn, args.pending)
+        for name, pending in (("fresh", args.pending), ("history", 2 * args.pending)):
+            conn = conns[name]
+            bulk_insert(conn, pending)
             started = time.monotonic()
             conn.execute("VACUUM (ANALYZE) payments")
             print(
@@ -170,67 +184,78 @@ def main() -> None:
                 file=sys.stderr,
                 flush=True,
             )
+        started = time.monotonic()
+        raise_live_bound(conns["history"])  # what the partition keeper does
+        raise_seconds = time.monotonic() - started
+        bounds = {
+            "fresh": live_bound(conns["fresh"]),
+            "history": live_bound(conns["history"]),
+            "history, bound lowest": LOWEST,
+        }
         counts = {
-            name: conn.execute(
+            db: conns[db]
+            .execute(
                 "SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending, "
                 "count(*) FILTER (WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED'))"
                 " AS terminal "
                 "FROM payments"
-            ).fetchone()
-            for name, conn in conns.items()
+            )
+            .fetchone()
+            for db in ("fresh", "history")
         }
-        partitions = {name: partition_count(conn) for name, conn in conns.items()}
+        partitions = {db: partition_count(conns[db]) for db in ("fresh", "history")}
         # Warm each session (relation caches of every partition) and show the plan's cost.
-        plans = {name: explain_summary(conn) for name, conn in conns.items()}
-        timings: dict[str, list[float]] = {"empty": [], "history": []}
-        claimed = {"empty": 0, "history": 0}
+        plans = {name: explain_summary(conns[name], bounds[name]) for name in series}
+        timings: dict[str, list[float]] = {name: [] for name in series}
+        claimed = dict.fromkeys(series, 0)
         done = 0
         while done < args.claims:
             block = min(args.block, args.claims - done)
-            for name in (
-                ("empty", "history") if done // args.block % 2 == 0 else ("history", "empty")
-            ):
+            turn = done // args.block % len(series)
+            for name in series[turn:] + series[:turn]:
                 conn = conns[name]
                 for _ in range(block):
                     started = time.perf_counter()
-                    claims = claim_due(conn, limit=args.limit, lease_seconds=120)
+                    claims = claim_due(
+                        conn, limit=args.limit, lease_seconds=120, live_from=bounds[name]
+                    )
                     timings[name].append((time.perf_counter() - started) * 1000)
                     claimed[name] += len(claims)
             done += block
-        plans_after = {name: explain_summary(conn) for name, conn in conns.items()}
-    empty, history = timings["empty"], timings["history"]
-    med_e, med_h = statistics.median(empty), statistics.median(history)
+        plans_after = {name: explain_summary(conns[name], bounds[name]) for name in series}
     print(
-        f"partitions: empty {partitions['empty']}, history {partitions['history']} "
-        f"(past {args.days} days created in both)"
+        f"partitions: fresh {partitions['fresh']}, history {partitions['history']} "
+        f"(the past {args.days} days attached); live bound: history "
+        f"{bounds['history']:%Y-%m-%d} (raised in {raise_seconds:.1f} s), fresh "
+        f"{bounds['fresh']:%Y-%m-%d}"
     )
     print(
-        f"rows: empty {counts['empty']['pending']} PENDING + {counts['empty']['terminal']} "
+        f"rows: fresh {counts['fresh']['pending']} PENDING + {counts['fresh']['terminal']} "
         f"terminal; history {counts['history']['pending']} PENDING + "
         f"{counts['history']['terminal']} terminal (loaded in {load_seconds:.0f} s; "
         f"ids not carrying their due time in a 1% sample: {bad_ids})"
     )
     print(
-        f"claims: {args.claims} x claim_due(limit={args.limit}) each, own transaction; "
-        f"rows claimed: empty {claimed['empty']}, history {claimed['history']}"
+        f"claims: {args.claims} x claim_due(limit={args.limit}) per series, each in its own "
+        f"transaction, series alternating in blocks of {args.block}; rows claimed: {claimed}"
     )
-    print(
-        f"no history  : median {med_e:.2f} ms, p90 {percentile(empty, 0.9):.2f} ms, "
-        f"max {max(empty):.2f} ms"
-    )
-    print(
-        f"{args.history // 1000}k history: median {med_h:.2f} ms, p90 "
-        f"{percentile(history, 0.9):.2f} ms, max {max(history):.2f} ms"
-    )
-    print(
-        f"ratio history / empty (median): {med_h / med_e:.2f}   (target <= 1.2: "
-        f"{'met' if med_h / med_e <= 1.2 else 'MISSED'}); p90 ratio "
-        f"{percentile(history, 0.9) / percentile(empty, 0.9):.2f}"
-    )
-    for name in ("empty", "history"):
+    fresh = statistics.median(timings["fresh"])
+    for name in series:
+        t = timings[name]
         print(
-            f"EXPLAIN ANALYZE one claim, {name:7s}: before {plans[name]}; after the claims "
-            f"{plans_after[name]}"
+            f"{name:22}: median {statistics.median(t):6.2f} ms, p90 {percentile(t, 0.9):6.2f} "
+            f"ms, max {max(t):6.2f} ms; ratio to fresh (median) "
+            f"{statistics.median(t) / fresh:.2f}"
+        )
+    ratio = statistics.median(timings["history"]) / fresh
+    print(
+        f"ratio history / fresh (median): {ratio:.2f}   (target <= 1.2: "
+        f"{'met' if ratio <= 1.2 else 'MISSED'}); load {os.getloadavg()[0]:.2f} at the end"
+    )
+    for name in series:
+        print(
+            f"EXPLAIN ANALYZE one claim, {name:22}: before the claims {plans[name]}; "
+            f"after them {plans_after[name]}"
         )
 
 

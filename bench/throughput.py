@@ -14,6 +14,7 @@ from pathlib import Path
 from bench.harness import (
     System,
     max_charges_per_key,
+    parse_args,
     private_database,
     settled_counts,
     wait_until_settled,
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--payments", type=int, default=20_000)
     parser.add_argument("--worker-processes", type=int, default=2)
     parser.add_argument("--worker-threads", type=int, default=16)
-    args = parser.parse_args()
+    args = parse_args(parser, payments=200)
     with private_database() as url:
         engine = run_paycron(
             url,

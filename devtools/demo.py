@@ -45,7 +45,7 @@ from devtools.procs import (
     web_args,
     worker_args,
 )
-from devtools.stats import outcome_summary, status_counts
+from devtools.stats import debit_summary, outcome_summary, status_counts
 from paycron.config import Config
 from paycron.store import apikeys
 from paycron.store.db import connect
@@ -94,6 +94,13 @@ console = Console()
 
 @contextlib.contextmanager
 def embedded_postgres(workdir: Path) -> Iterator[str]:
+    # pgserver asks platformdirs for a runtime directory when it is imported,
+    # which warns when XDG_RUNTIME_DIR is unset (containers, CI): give it the
+    # demo's own first.
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        runtime = workdir / "run"
+        runtime.mkdir(mode=0o700)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
     import pgserver  # the demo extra: PostgreSQL 16 from PyPI
 
     server = pgserver.get_server(workdir / "pg", cleanup_mode="stop")
@@ -131,7 +138,12 @@ def create_payments(
             amount = DECLINE_AMOUNT
         elif n % 100 == 13:
             amount = ALWAYS_503_AMOUNT
-        due = start + timedelta(seconds=random.uniform(0, window))
+        # Never in the past: on a loaded machine creating them all can take
+        # longer than the first ones' lead (the API refuses a past dueAt).
+        due = max(
+            start + timedelta(seconds=random.uniform(0, window)),
+            datetime.now(UTC) + timedelta(seconds=2),
+        )
         body = {"payee": f"merchant-{n % 7}", "amount": amount, "dueAt": due.isoformat()}
         if stripe:
             body.update(
@@ -142,7 +154,8 @@ def create_payments(
         response = api.post(
             "/v1/scheduled-payments", headers={"Idempotency-Key": f"demo-{n}"}, json=body
         )
-        response.raise_for_status()
+        if response.status_code != 201:
+            raise SystemExit(f"the API refused a create: {response.status_code} {response.text}")
         ids.append(response.json()["id"])
     return ids
 
@@ -238,6 +251,10 @@ def run_demo(
                 time.sleep(0.5)
             summary = outcome_summary(conn)
             late = lateness(conn, since=started)
+            debits = debit_summary(conn) if stripe else None
+        # Live's last frame ends without a newline when the output is not a
+        # terminal: the next table's title would join its bottom border.
+        console.line()
         if stripe:
             intents = gateway.stripe_ledger()["payment_intents"]
             ledger = [{"amount": i["amount"], "status": i["status"]} for i in intents]
@@ -245,10 +262,17 @@ def run_demo(
         else:
             ledger = gateway.ledger()
             per_payment = charges_per_key(ledger)
-        return report(summary, late, ledger, per_payment)
+        return report(summary, late, ledger, per_payment, debits=debits)
 
 
-def report(summary: dict, late: dict, ledger: list[dict], per_payment: dict[str, int]) -> int:
+def report(
+    summary: dict,
+    late: dict,
+    ledger: list[dict],
+    per_payment: dict[str, int],
+    *,
+    debits: dict | None = None,
+) -> int:
     worst = max(per_payment.values(), default=0)
     charged = sum(c["amount"] for c in ledger if c["status"] == "succeeded")
 
@@ -268,6 +292,10 @@ def report(summary: dict, late: dict, ledger: list[dict], per_payment: dict[str,
         table.add_row(label, str(summary[name]))
     table.add_row("lateness p50 (s)", f"{late['p50'] or 0:.2f}")
     table.add_row("lateness p99 (s)", f"{late['p99'] or 0:.2f}")
+    if debits is not None:  # --gateway stripe: bank debits settle later, by event or poll
+        table.add_row("bank debits (waited AWAITING_GATEWAY)", str(debits["debits"]))
+        table.add_row("  settled by their signed event", str(debits["settled_by_event"]))
+        table.add_row("  settled by the poller (event lost)", str(debits["settled_by_poll"]))
     table.add_row("gateway charges", str(sum(1 for c in ledger if c["status"] == "succeeded")))
     table.add_row("max charges per payment", str(worst))
     table.add_row("charged == completed amounts", str(charged == summary["completed_minor"]))

@@ -25,6 +25,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROCFILE = REPO_ROOT / "Procfile"
+#: The development Procfile: the production processes plus the fake processor.
+PROCFILE_DEV = REPO_ROOT / "Procfile.dev"
 
 #: ``${NAME}`` or ``${NAME:-default}``, as the shell expands them.
 _VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
@@ -113,8 +115,8 @@ def parse_procfile(text: str) -> dict[str, str]:
 
 
 @cache
-def procfile() -> dict[str, str]:
-    return parse_procfile(PROCFILE.read_text())
+def procfile(path: Path = PROCFILE) -> dict[str, str]:
+    return parse_procfile(path.read_text())
 
 
 def expand(command: str, variables: dict[str, object]) -> str:
@@ -142,20 +144,20 @@ def set_option(args: list[str], option: str, value: object) -> list[str]:
     return changed
 
 
-def procfile_args(name: str, **variables: object) -> list[str]:
+def procfile_args(name: str, *, path: Path = PROCFILE, **variables: object) -> list[str]:
     """The Procfile's ``name`` command as arguments to this interpreter
     (``python -m X`` stays ``-m X``; a console script such as ``gunicorn``
     becomes ``-m gunicorn``): children run in this virtual environment
     whether or not its ``bin/`` is on ``PATH``."""
-    args = shlex.split(expand(procfile()[name], variables))
+    args = shlex.split(expand(procfile(path)[name], variables))
     if args[0] in ("python", "python3"):
         return args[1:]
     return ["-m", args[0], *args[1:]]
 
 
 def gateway_args(port: int) -> list[str]:
-    """The fake gateway (the Procfile's ``gateway``) on ``port``."""
-    return set_option(procfile_args("gateway"), "--port", port)
+    """The fake gateway (``Procfile.dev``'s ``gateway``) on ``port``."""
+    return procfile_args("gateway", path=PROCFILE_DEV, GATEWAY_PORT=port)
 
 
 def web_args(port: int, workers: int | None = None, threads: int | None = None) -> list[str]:

@@ -21,6 +21,12 @@ def outcome_summary(conn: Connection) -> dict:
     return conn.execute(QUERIES["outcome_summary"]).fetchone()
 
 
+def debit_summary(conn: Connection) -> dict:
+    """{debits, settled_by_event, settled_by_poll}: payments that waited for
+    the processor, and who learned how each settled."""
+    return conn.execute(QUERIES["debit_summary"]).fetchone()
+
+
 def open_payments(conn: Connection, *, until: datetime) -> int:
     """Payments not yet terminal among those due before ``until``."""
     return conn.execute(QUERIES["open_payments"], {"until": until}).fetchone()["n"]

@@ -29,3 +29,14 @@ WHERE status IN ('PENDING', 'PROCESSING', 'AWAITING_GATEWAY') AND due_at < %(unt
 SELECT count(*) FILTER (WHERE status = 'COMPLETED') AS completed,
        count(*) FILTER (WHERE lease_expiries > 0) AS lease_expired
 FROM payments WHERE due_at < %(until)s;
+
+-- name: debit_summary
+-- Payments the processor accepted and settled later (bank debits), and who
+-- learned each settlement: its signed event, or the poller (event lost).
+SELECT
+    (SELECT count(DISTINCT payment_id) FROM payment_events
+     WHERE type = 'payment.awaiting_gateway') AS debits,
+    count(*) FILTER (WHERE worker = 'gateway-event') AS settled_by_event,
+    count(*) FILTER (WHERE worker = 'gateway-poll') AS settled_by_poll
+FROM attempts
+WHERE worker IN ('gateway-event', 'gateway-poll');

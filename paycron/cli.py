@@ -1,5 +1,9 @@
-"""The ``paycron`` console script. Every command reads the environment of
-SPEC §1 (through :class:`Config`) and nothing else."""
+"""The ``paycron`` console script. Every command reads its settings from the
+environment through :class:`Config` (docs/configuration.md) and nothing else.
+
+A person's mistake gets one line, never a traceback: an unset or wrong
+setting, or a server a setting names that does not answer, prints
+``paycron: <SETTING> ...: <why>`` and exits with status 2."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import sys
 import uuid
 
 import click
+import psycopg
+import redis
 
 from paycron.config import Config
 from paycron.domain.ids import parse_payment_id
@@ -17,17 +23,15 @@ from paycron.engine import dead_letters
 from paycron.errors import ConfigError, PaycronError
 from paycron.limits.pacing import CallLimiter
 from paycron.observability.sentry import init_sentry
+from paycron.observability.startup import EXIT_CONFIG, report
 from paycron.processors.factory import build_gateway
 from paycron.store import apikeys, partitions
-from paycron.store.db import connect, make_redis
+from paycron.store.db import connect, first_line, make_redis
 from paycron.store.migrate import migrate as apply_migrations
 
 
 def _config() -> Config:
-    try:
-        return Config.from_env()
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+    return Config.from_env()  # a ConfigError is reported by PaycronCLI.invoke
 
 
 class PaycronCLI(click.Group):
@@ -38,6 +42,17 @@ class PaycronCLI(click.Group):
     def _plugins(self) -> dict:
         found = importlib.metadata.entry_points(group="paycron.commands")
         return {ep.name: ep for ep in found}
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            report(f"paycron: {exc}")
+        except psycopg.OperationalError as exc:  # the server went away mid-command
+            report(f"paycron: DATABASE_URL: {first_line(exc)}")
+        except redis.ConnectionError as exc:
+            report(f"paycron: REDIS_URL: {first_line(exc)}")
+        ctx.exit(EXIT_CONFIG)
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self._plugins()))
@@ -133,13 +148,16 @@ def api_key_revoke(prefix: str | None, key_id: int | None) -> None:
     with connect(config) as conn:
         if key_id is not None:
             revocation = apikeys.revoke_api_key_by_id(conn, key_id)
+            what = f"id {key_id}"
         else:
+            assert prefix is not None  # exactly one of the two was given
             revocation = apikeys.revoke_api_key(conn, prefix)
+            what = f"prefix {_printable(prefix)}"
     row = revocation.revoked
     if revocation.ambiguous:
         click.echo(
-            f"{len(revocation.ambiguous)} active keys share prefix "
-            f"{_printable(prefix)}; nothing revoked. Revoke one by its id:",
+            f"{len(revocation.ambiguous)} active keys share {what}; nothing revoked. "
+            "Revoke one by its id:",
             err=True,
         )
         for shared in revocation.ambiguous:
@@ -150,7 +168,6 @@ def api_key_revoke(prefix: str | None, key_id: int | None) -> None:
             )
         sys.exit(1)
     if row is None:
-        what = f"id {key_id}" if key_id is not None else f"prefix {_printable(prefix)}"
         click.echo(f"no active key with {what}", err=True)
         sys.exit(1)
     click.echo(
@@ -195,7 +212,9 @@ def dlq_list(as_json: bool, limit: int) -> None:
     with connect(_config()) as conn:
         rows = dead_letters.list_open(conn, limit=limit)
     if as_json:
-        click.echo(json.dumps(_jsonable(rows), indent=2))
+        click.echo(
+            json.dumps(_as_the_api_says({"data": rows}, "DeadLetterPageSchema")["data"], indent=2)
+        )
         return
     for row in rows:
         click.echo(
@@ -213,7 +232,16 @@ def dlq_show(payment_id: str) -> None:
             found = dead_letters.show(conn, _payment_id(payment_id))
         except PaycronError as exc:
             raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps(_jsonable(found), indent=2))
+    click.echo(json.dumps(_as_the_api_says(found, "DeadLetterDetailSchema"), indent=2))
+
+
+def _as_the_api_says(found: dict, schema: str) -> dict:
+    """``found`` in the shape ``/v1/admin/dead-letters`` answers (camelCase,
+    amounts as ``amount``), dumped by the API's own schema so the two never
+    differ. Looked up at run time, as the plugin commands are: the API is a
+    part this package never imports."""
+    admin = importlib.import_module("web.admin")
+    return getattr(admin, schema)().dump(found)
 
 
 def _dlq_action(action, payment_id: str, **kwargs) -> None:

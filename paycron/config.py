@@ -55,7 +55,7 @@ def setting(default, parse: Callable[[str], object], *, secret: bool = False):
 #: The processors an engine can be configured to charge through.
 PROCESSORS = ("fake", "stripe")
 #: The Stripe API version the adapter pins (the SDK's own; an upgrade only
-#: while no payment is in doubt: SPEC §12).
+#: while no payment is in doubt: docs/design.md).
 STRIPE_API_VERSION = "2026-10-28.endive"
 
 
@@ -71,47 +71,75 @@ def _secrets(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Config:
+    #: The Postgres DSN; it may name several hosts, so pools follow a
+    #: failover to whichever accepts writes (docs/operations.md).
     database_url: str | None = setting(None, str)
+    #: The Redis URL: Dramatiq's queue, the call pacing, the breaker, rate limits.
     redis_url: str | None = setting(None, str)
+    #: The fake processor's base URL (``GATEWAY=fake``: development and tests).
     gateway_url: str = setting("http://127.0.0.1:9090", _url)
+    #: Errors to Sentry, scrubbed of payers, payees, tokens and bodies; unset: off.
     sentry_dsn: str | None = setting(None, str, secret=True)
-    #: The processor payments are charged through (SPEC §12): the fake
-    #: gateway at GATEWAY_URL, or Stripe through its official SDK.
+    #: The processor payments are charged through: ``fake`` (the fake
+    #: processor at GATEWAY_URL) or ``stripe`` (through its official SDK).
     gateway: str = setting("fake", _processor)
+    #: Stripe's secret key (``sk_live_…``/``sk_test_…``); required with ``GATEWAY=stripe``.
     stripe_api_key: str | None = setting(None, str, secret=True)
+    #: Stripe's API base URL (the fake processor's Stripe surface in tests and the demo).
     stripe_api_base: str = setting("https://api.stripe.com", _url)
+    #: The pinned Stripe API version; register the events endpoint with the
+    #: same one, and change it only while no payment is in doubt.
     stripe_api_version: str = setting(STRIPE_API_VERSION, str)
     #: Signing secrets of Stripe's events, comma-separated (rotation).
     stripe_webhook_secret: tuple[str, ...] = setting((), _secrets, secret=True)
     #: How long the processor remembers an idempotency key (Stripe: 24 h).
     gateway_key_retention_seconds: float = setting(86400.0, parse_duration)
-    #: The processor's own processing after we gave up on a call (SPEC §3's
-    #: in-flight bound): a call can land until lease end + timeout + this.
+    #: The processor's own processing after we gave up on a call: a call can
+    #: land until its lease end + GATEWAY_TIMEOUT_SECONDS + this (the in-flight
+    #: bound); a lookup that finds nothing is conclusive only after it.
     gateway_settle_margin_seconds: float = setting(600.0, parse_duration)
     #: A payment AWAITING_GATEWAY without its event is retrieved after this,
-    #: then after 30 min, 2 h and every 12 h (SPEC §12).
+    #: then after 30 min, 2 h and every 12 h (when its event was lost).
     gateway_poll_seconds: float = setting(300.0, parse_duration)
     #: Gateway calls per second, all workers together (and the claim pace).
     gateway_rate_limit: int = setting(100, int)
+    #: How long a claim is a worker's before the reaper hands it back.
     lease_seconds: float = setting(120.0, parse_duration)
+    #: How often the sweeper looks for due payments when the last sweep came back short.
     sweep_interval_seconds: float = setting(2.0, parse_duration)
+    #: A prompt start: the sweep also wakes when a payment created due within
+    #: the interval is announced (LISTEN/NOTIFY) and at the next known run_at,
+    #: and workers look for messages at least every 50 ms when idle; false:
+    #: the sweep runs every SWEEP_INTERVAL_SECONDS only (the safety net either way).
+    prompt_start: bool = setting(True, _flag)
+    #: Due payments one sweep claims at most (fairly across payers).
     claim_batch: int = setting(100, int)
+    #: One processor call's limit; at most LEASE_SECONDS / 3 (checked at start).
     gateway_timeout_seconds: float = setting(10.0, parse_duration)
-    #: With 5 delays a budget allows 6 gateway calls; the 6th retryable failure parks.
+    #: The backoff after each retryable failure (``30s``, ``5m``, ``2h``); with 5
+    #: delays a budget allows 6 gateway calls, and the 6th retryable failure parks.
     retry_delays: tuple[float, ...] = setting(
         (60.0, 300.0, 1800.0, 7200.0, 43200.0), parse_durations
     )
     #: Backoff jitter: each delay is multiplied by uniform(1 - j, 1 + j).
     retry_jitter: float = setting(0.2, float)
+    #: Lease expiries before a payment parks as LEASE_EXPIRED_REPEATEDLY.
     max_lease_expiries: int = setting(5, int)
+    #: Each payment runs at due time + uniform(0, this): spreads a midnight spike.
     smear_seconds: float = setting(0.0, parse_duration)
+    #: The breaker opens when at least this share of at least CIRCUIT_MIN_CALLS
+    #: calls in CIRCUIT_WINDOW_SECONDS failed retryably, for CIRCUIT_OPEN_SECONDS;
+    #: then one sweeper claims one payment as the probe.
     circuit_failure_ratio: float = setting(0.5, float)
     circuit_min_calls: int = setting(20, int)
     circuit_open_seconds: float = setting(30.0, parse_duration)
     #: 1,000,000.00 in a two-decimal currency: a cap that stops fat fingers.
     max_amount_minor: int = setting(100_000_000, int)
+    #: How far ahead a payment may be due (and partitions are kept ready).
     horizon_days: int = setting(366, int)
+    #: The currency of a create that names none.
     default_currency: str = setting("USD", str.upper)
+    #: A request body larger than this is refused (413).
     max_body_bytes: int = setting(65536, int)
     #: Items one batch create may carry (web/batches.py): 1,000 payments are
     #: about 150 KB of JSON and one set-based write of a few tens of ms, well
@@ -122,6 +150,7 @@ class Config:
     #: 2 MiB holds a full batch whose every text field is at its longest
     #: (an item is at most about 1.1 KB of ASCII).
     max_batch_body_bytes: int = setting(2 * 1024 * 1024, int)
+    #: Settled day partitions older than this are detached (their keys forgotten).
     partition_retention_days: int = setting(90, int)
     #: Partitions created past the horizon, so a create at the horizon's edge
     #: never races the partition keeper.
@@ -135,6 +164,7 @@ class Config:
     redis_namespace: str = setting("paycron", str)
     #: The circuit breaker judges the gateway on calls of the last this-many seconds.
     circuit_window_seconds: int = setting(10, int)
+    #: Connections per pool of each process.
     db_pool_max: int = setting(10, int)
     #: The web pool's sessions cancel a statement running longer than this
     #: (0: never), so no request holds a connection and a thread for long: a
@@ -243,7 +273,7 @@ class Config:
 
     @property
     def in_flight_bound_seconds(self) -> float:
-        """From a claim to the last moment its call can land (SPEC §3): the
+        """From a claim to the last moment its call can land (docs/design.md): the
         lease, then the call's timeout, then the processor's own processing."""
         return (
             self.lease_seconds + self.gateway_timeout_seconds + self.gateway_settle_margin_seconds
@@ -278,10 +308,11 @@ class Config:
         for f in fields(cls):
             parse = f.metadata.get("parse")
             raw = env.get(f.name.upper()) if parse else None
-            if raw is None or raw == "":
+            if parse is None or raw is None or raw == "":
                 continue
             try:
                 values[f.name] = parse(raw)
             except (TypeError, ValueError, ConfigError) as exc:
-                raise ConfigError(f"{f.name.upper()}={raw!r}: {exc}") from None
+                shown = "(secret)" if not f.repr else repr(raw)
+                raise ConfigError(f"{f.name.upper()}={shown}: {exc}") from None
         return cls(**values)

@@ -11,7 +11,16 @@ class PaycronError(Exception):
 
 
 class ConfigError(PaycronError):
+    """A setting is missing or wrong; the message names it, on one line."""
+
     code = "CONFIG_INVALID"
+
+
+class Unreachable(ConfigError):
+    """A server a setting names (``DATABASE_URL``, ``REDIS_URL``) did not
+    answer; the message names the setting and the host, never a password."""
+
+    code = "UNREACHABLE"
 
 
 class ValidationFailed(PaycronError):
@@ -26,7 +35,7 @@ class ValidationFailed(PaycronError):
 
 class CustomerNotYours(ValidationFailed):
     """The create names a processor customer that another actor used first
-    (SPEC §12: each customer belongs to the first actor that names it).
+    (docs/design.md: each customer belongs to the first actor that names it).
     Refused per field like any bad body, under a code of its own; nothing
     is created, and the answer says nothing more about that customer."""
 
@@ -87,7 +96,7 @@ class OutcomeUnknown(PaycronError):
     """A write that may or may not have taken effect: its commit's wait for
     the synchronous standby was cut (committed on the primary alone), or its
     connection was lost before the answer. Retrying with the same
-    Idempotency-Key returns what exists or creates it once (SPEC §15)."""
+    Idempotency-Key returns what exists or creates it once (docs/operations.md)."""
 
     code = "OUTCOME_UNKNOWN"
 
@@ -96,3 +105,19 @@ class GatewayError(PaycronError):
     """The gateway could not be asked at all (used by the ops tools)."""
 
     code = "GATEWAY_UNAVAILABLE"
+
+
+class OtherProcessor(GatewayError):
+    """The payment was called at another processor than the one this process
+    is configured for: only its own processor can say what it holds, and
+    another's "nothing" is no answer (docs/money-safety.md)."""
+
+    code = "OTHER_PROCESSOR"
+
+    def __init__(self, payment_processor: str, acting: str):
+        super().__init__(
+            f"this payment was called at {payment_processor}, and this process is "
+            f"configured for {acting}: ask from a process configured for {payment_processor}"
+        )
+        self.payment_processor = payment_processor
+        self.acting = acting

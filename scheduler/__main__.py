@@ -25,14 +25,17 @@ from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter, ClaimPacer
 from paycron.observability.metrics import serve_metrics
 from paycron.observability.sentry import configure_logging, init_sentry
+from paycron.observability.startup import one_line_errors, preflight, schema_pending
 from paycron.processors.factory import build_gateway
 from paycron.store.db import make_pool, make_redis
+from paycron.store.migrate import wait_until_current
 from scheduler.gateway_events import GatewayEventService
 from scheduler.partition_keeper import PartitionKeeper
 from scheduler.reaper import Reaper
 from scheduler.relay import RelayConfig, WebhookRelay
 from scheduler.service import PeriodicService
 from scheduler.sweeper import Sweeper, SweepSettings
+from scheduler.wake import DueWake
 
 log = logging.getLogger("paycron.scheduler")
 
@@ -45,8 +48,12 @@ class Scheduler:
     pools: list[ConnectionPool]
     broker: RedisBroker
 
+    wake: DueWake | None = None
+
     def run(self, stop: threading.Event) -> None:
         threads = [service.start(stop) for service in self.services]
+        if self.wake is not None:
+            threads.append(self.wake.start(stop))
         stop.wait()
         for thread in threads:
             thread.join()
@@ -76,6 +83,7 @@ def build(config: Config) -> Scheduler:
         broker.enqueue(execute_message(claims, probe=probe, queue_name=config.queue_name))
 
     breaker = CircuitBreaker(client, config)
+    wake = DueWake(config) if config.prompt_start else None
     services = [
         Sweeper(
             settings=SweepSettings.from_config(config),
@@ -83,6 +91,7 @@ def build(config: Config) -> Scheduler:
             pacer=ClaimPacer(client, config),
             breaker=breaker,
             enqueue=enqueue,
+            wake=wake,
         ),
         Reaper(config=config, pool=pool),
         PartitionKeeper(config=config, pool=pool),
@@ -97,17 +106,27 @@ def build(config: Config) -> Scheduler:
             ),
         ),
     ]
-    return Scheduler(services=services, pools=[pool, relay_pool, events_pool], broker=broker)
+    return Scheduler(
+        services=services, pools=[pool, relay_pool, events_pool], broker=broker, wake=wake
+    )
 
 
 def main() -> None:
     configure_logging()
-    config = Config.from_env()
-    serve_metrics(config.metrics_port, component="scheduler")
-    scheduler = build(config)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # A wrong setting or a server that does not answer: one line, exit 2.
+    with one_line_errors("scheduler"):
+        config = Config.from_env()
+        init_sentry(config, component="scheduler")
+        preflight(config)
+        # Migrations pending (the release step has not run): wait for them,
+        # saying so once per interval, rather than fail every sweep.
+        if not wait_until_current(lambda: schema_pending(config), stop, log=log):
+            return
+        scheduler = build(config)
+    serve_metrics(config.metrics_port, component="scheduler")
     log.info(
         "scheduler started: rate=%s/s batch=%s lease=%ss group=%s",
         config.gateway_rate_limit,

@@ -1,5 +1,5 @@
 """The gateway-event service: applies the processor's stored events and polls
-payments whose event never came (SPEC §12), one River-shaped service.
+payments whose event never came (docs/design.md), one River-shaped service.
 
 Each run: apply pending events in batches (retrieve the processor-side
 payment, then :func:`paycron.store.processor_events.settle`); an event whose
@@ -100,7 +100,11 @@ class GatewayEventService(PeriodicService):
         with self.pool.connection() as conn:
             events = conn.execute(
                 q("claim_pending_gateway_events"),
-                {"limit": self.batch, "claim_seconds": EVENT_CLAIM_SECONDS},
+                {
+                    "limit": self.batch,
+                    "claim_seconds": EVENT_CLAIM_SECONDS,
+                    "processor": self.gateway.name,
+                },
             ).fetchall()
         for outcome in self.calls.map(self._apply, events):
             counts.add(outcome)
@@ -163,6 +167,7 @@ class GatewayEventService(PeriodicService):
                     "now": now,
                     "limit": self.batch,
                     "intervals": policy.poll_intervals(self.config),
+                    "processor": self.gateway.name,
                 },
             ).fetchall()
         for outcome in self.calls.map(lambda row: self._poll_one(row, now), due):

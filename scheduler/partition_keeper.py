@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 
 from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
-from paycron.store.partitions import days_ahead, detach_settled, ensure_partitions
+from paycron.store.partitions import (
+    days_ahead,
+    detach_settled,
+    ensure_partitions,
+    raise_live_bound,
+)
 from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.partitions")
@@ -23,6 +29,7 @@ class KeeperCounts:
     created: int = 0
     detached: int = 0
     days_ahead: int = 0
+    live_from: datetime | None = None  # the live bound after the run
 
 
 class PartitionKeeper(PeriodicService):
@@ -38,6 +45,10 @@ class PartitionKeeper(PeriodicService):
             created = ensure_partitions(conn, self.config)
             detached = detach_settled(conn, self.config)
             ahead = days_ahead(conn)
+            # Claims prune every settled day below it at plan time.
+            live_from = raise_live_bound(conn)
         if created or detached:
             log.info("partitions created=%s detached=%s", created, detached)
-        return KeeperCounts(created=len(created), detached=len(detached), days_ahead=ahead)
+        return KeeperCounts(
+            created=len(created), detached=len(detached), days_ahead=ahead, live_from=live_from
+        )

@@ -43,6 +43,7 @@ from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
 from paycron.errors import ConfigError
+from paycron.observability.outages import FailureLog
 from paycron.store import webhooks
 from paycron.store.events import to_wire
 from paycron.store.webhooks import Lease, Recorded
@@ -176,19 +177,22 @@ class WebhookRelay(PeriodicService):
         if stop is not None:
             self._stopping = stop
         running: set[Future] = set()
+        claim_failures = FailureLog("webhook relay claim")
+        delivery_failures = FailureLog("webhook delivery")
         while not self._stopping.is_set():
             finished = {f for f in running if f.done()}
             running -= finished
             for future in finished:
                 if future.exception() is not None:
-                    log.error("webhook delivery failed", exc_info=future.exception())
+                    delivery_failures.failed(future.exception())
             free = self.config.concurrency - len(running)
             try:
                 leases = self._claim(free) if free else []
-            except Exception:  # a database outage: log, back off, go on
-                log.exception("webhook relay claim failed")
+            except Exception as exc:  # a database outage: log, back off, go on
+                claim_failures.failed(exc)
                 self._stopping.wait(ERROR_PAUSE_SECONDS)
                 continue
+            claim_failures.succeeded()
             running |= {self._executor.submit(self._serve, lease) for lease in leases}
             if running:
                 wait(running, timeout=self.config.poll_seconds, return_when=FIRST_COMPLETED)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from paycron.observability.outages import FailureLog
+
 log = logging.getLogger("paycron.scheduler")
 
 #: After a failed run (a database or Redis outage), wait this long at most.
@@ -30,15 +32,23 @@ class PeriodicService:
 
     def run(self, stop: threading.Event) -> None:
         """Until ``stop`` is set: run once, then wait the interval. A failed
-        run is logged (and reaches Sentry) and retried after a pause."""
+        run is retried after a pause; an outage is logged as one line per
+        failure kind per minute, with a count (paycron.observability.outages)."""
+        failures = FailureLog(self.name)
         while not stop.is_set():
             try:
                 counts = self.run_once()
-            except Exception:
-                log.exception("%s: run failed", self.name)
+            except Exception as exc:
+                failures.failed(exc)
                 stop.wait(min(ERROR_PAUSE_SECONDS, 2 * self.interval_seconds))
                 continue
-            stop.wait(self.wait_after(counts))
+            failures.succeeded()
+            self.sleep(stop, self.wait_after(counts))
+
+    def sleep(self, stop: threading.Event, seconds: float) -> None:
+        """Wait ``seconds`` or until ``stop``; a service that can be woken
+        earlier waits on its own signal too."""
+        stop.wait(seconds)
 
     def wait_after(self, counts) -> float:
         """How long to sleep after a run: the interval, since ``run_once``

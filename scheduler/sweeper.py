@@ -5,7 +5,7 @@ LOCKED`` hands each a disjoint batch. The sweep drains while batches claim
 anything, paced by one token bucket in Redis shared by every scheduler, and
 keeps only CLAIM_AHEAD_SECONDS of the ceiling queued beyond what is in
 flight: a deeper queue is a FIFO again, and a payer that falls due later
-would wait behind it (SPEC §14). When the queue is full it looks again
+would wait behind it (docs/design.md). When the queue is full it looks again
 shortly rather than after a whole interval. While the circuit breaker is
 open it claims nothing; half-open, the one sweeper that wins the probe token
 claims the single oldest due row.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from psycopg_pool import ConnectionPool
 
@@ -23,8 +24,17 @@ from paycron.config import Config
 from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import ClaimPacer
 from paycron.observability import metrics
-from paycron.store.transitions import Claim, claim_due, count_queued, release
+from paycron.store.partitions import live_bound
+from paycron.store.transitions import (
+    ENQUEUE_FAILED,
+    Claim,
+    claim_due,
+    count_queued,
+    next_due_wait,
+    release,
+)
 from scheduler.service import PeriodicService
+from scheduler.wake import DueWake
 
 log = logging.getLogger("paycron.sweeper")
 
@@ -32,6 +42,9 @@ log = logging.getLogger("paycron.sweeper")
 CLAIM_AHEAD_SECONDS = 2.0
 #: With the queue full (or the pace spent), the sweep looks again this soon.
 PACED_RECHECK_SECONDS = 0.2
+
+#: The shortest sleep before a known run_at (timer and clock slack).
+MIN_WAIT_SECONDS = 0.002
 
 #: enqueue(claims, probe) sends one message for a group of claims.
 Enqueue = Callable[[Sequence[Claim], bool], None]
@@ -47,6 +60,7 @@ class SweepSettings:
     group_size: int
     claim_ahead: int  # claims queued beyond those in flight, at most
     processor: str = "fake"  # payments first called elsewhere are not claimed
+    prompt_start: bool = True  # wake at the next known run_at (and on notifications)
 
     @classmethod
     def from_config(cls, config: Config) -> SweepSettings:
@@ -57,6 +71,7 @@ class SweepSettings:
             group_size=config.group_size,
             claim_ahead=max(1, round(config.gateway_rate_limit * CLAIM_AHEAD_SECONDS)),
             processor=config.gateway,
+            prompt_start=config.prompt_start,
         )
 
 
@@ -68,6 +83,7 @@ class SweepCounts:
     probe: bool = False
     breaker: str = BreakerState.CLOSED.value
     paced: bool = False  # stopped by the queue bound or the pace, not by a drained schedule
+    next_due: float | None = None  # seconds until the next known run_at within the interval
 
 
 class Sweeper(PeriodicService):
@@ -81,6 +97,7 @@ class Sweeper(PeriodicService):
         pacer: ClaimPacer,
         breaker: CircuitBreaker,
         enqueue: Enqueue,
+        wake: DueWake | None = None,
     ):
         self.settings = settings
         self.interval_seconds = settings.interval_seconds
@@ -88,9 +105,22 @@ class Sweeper(PeriodicService):
         self.pacer = pacer
         self.breaker = breaker
         self.enqueue = enqueue
+        self.wake = wake
 
     def wait_after(self, counts: SweepCounts) -> float:
-        return PACED_RECHECK_SECONDS if counts.paced else self.interval_seconds
+        if counts.paced:
+            return PACED_RECHECK_SECONDS
+        if counts.next_due is not None:
+            return min(self.interval_seconds, max(MIN_WAIT_SECONDS, counts.next_due))
+        return self.interval_seconds
+
+    def sleep(self, stop, seconds: float) -> None:
+        """Until the next known run_at or the interval, or a create's
+        notification of a payment due sooner, whichever comes first."""
+        if self.wake is None:
+            stop.wait(seconds)
+        else:
+            self.wake.wait(seconds)
 
     def _send(self, claims: Sequence[Claim], counts: SweepCounts, probe: bool = False) -> None:
         size = self.settings.group_size
@@ -98,19 +128,22 @@ class Sweeper(PeriodicService):
             try:
                 self.enqueue(claims[i : i + size], probe)
             except Exception:
-                # The broker refused: hand back what was not sent (no budget,
-                # no lease to wait out), then let the run fail as it would.
-                release(self.pool, claims[i:])
+                # The broker refused, or its reply was lost after it took the
+                # message: hand back what was not started (no budget, no lease
+                # to wait out; a claim a worker already started is left to
+                # it), then let the run fail as it would.
+                release(self.pool, claims[i:], reason=ENQUEUE_FAILED)
                 raise
             counts.messages += 1
 
-    def _claim(self, limit: int) -> list[Claim]:
+    def _claim(self, limit: int, live_from: datetime | None = None) -> list[Claim]:
         with self.pool.connection() as conn:
             claims = claim_due(
                 conn,
                 limit=limit,
                 lease_seconds=self.settings.lease_seconds,
                 processor=self.settings.processor,
+                live_from=live_from,
             )
         # Committed: from here a crash leaves leased rows for the reaper.
         metrics.CLAIMS.inc(len(claims))
@@ -134,13 +167,15 @@ class Sweeper(PeriodicService):
         # What is queued, from Postgres (the schedule of record), not from
         # the broker's private layout.
         with self.pool.connection() as conn:
-            room = self.settings.claim_ahead - count_queued(conn)
+            # Read once per run: every claim of the run prunes with it.
+            live_from = live_bound(conn)
+            room = self.settings.claim_ahead - count_queued(conn, live_from)
         counts.paced = True
         while room > 0:
             granted = self.pacer.take(min(self.settings.claim_batch, room))
             if granted == 0:
                 break
-            claims = self._claim(granted)
+            claims = self._claim(granted, live_from)
             self.pacer.give_back(granted - len(claims))
             self._send(claims, counts)
             counts.claimed += len(claims)
@@ -151,6 +186,11 @@ class Sweeper(PeriodicService):
             if not claims:
                 counts.paced = False
                 break
+        if not counts.paced and self.settings.prompt_start:
+            with self.pool.connection() as conn:
+                counts.next_due = next_due_wait(
+                    conn, within=self.interval_seconds, live_from=live_from
+                )
         if counts.claimed:
             log.info("sweep %s", counts)
         return counts

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,6 +31,11 @@ ADMIN_DSN = os.environ.get(
 TEST_REDIS_URL = os.environ.get("PAYCRON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 RUN_ID = uuid.uuid4().hex[:10]
 
+#: Every process a test starts inherits this (from os.environ), so the run can
+#: find any that outlived it, in whatever session or process group it put itself.
+RUN_MARK = f"PAYCRON_TEST_RUN={RUN_ID}"
+os.environ["PAYCRON_TEST_RUN"] = RUN_ID
+
 #: Tables emptied between tests (cheap DELETEs: the partitions stay).
 _TABLES = (
     "payments",
@@ -45,6 +52,40 @@ _TABLES = (
     "gateway_events",
     "customers",
 )
+
+
+def _marked_processes() -> list[int]:
+    """Live processes, other than this one, started by this test run."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if RUN_MARK.encode() in environ and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_outlives_the_run():
+    """Set up first, so torn down last: once every fixture has stopped what
+    it started, no process of this run may be left. Any left is killed, by
+    its id, and the run fails saying which."""
+    yield
+    deadline = time.monotonic() + 10
+    while (left := _marked_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    described = []
+    for pid in left:
+        with contextlib.suppress(OSError):
+            described.append(f"{pid}: {Path(f'/proc/{pid}/cmdline').read_bytes()!r}"[:200])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, "processes outlived the test run:\n" + "\n".join(described)
 
 
 def dsn_for(dbname: str) -> str:

@@ -30,6 +30,17 @@ from web.api import Api
 from web.problems import register_error_handlers
 from web.schemas import now_utc
 
+#: The API's blueprints: the routes ``/openapi.json`` documents (docs/api.md too).
+API_BLUEPRINTS = (
+    health.bp,
+    payments.bp,
+    batches.bp,
+    admin.bp,
+    events.bp,
+    webhooks.bp,
+    gateway_events.bp,
+)
+
 
 def create_app(config: Config | None = None, clock: Callable[[], datetime] = now_utc) -> Flask:
     """The composition root of the web process: config, Sentry as "web", the
@@ -59,15 +70,7 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     register_error_handlers(app)
     metrics.install(app, breaker=breaker)
     api = Api(app)  # serves GET /openapi.json, generated from the blueprints' schemas
-    for blueprint in (
-        health.bp,
-        payments.bp,
-        batches.bp,
-        admin.bp,
-        events.bp,
-        webhooks.bp,
-        gateway_events.bp,
-    ):
+    for blueprint in API_BLUEPRINTS:
         api.register_blueprint(blueprint)
     console.install(app, breaker=breaker)  # only with CONSOLE_SECRET_KEY
     return app

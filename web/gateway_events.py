@@ -1,6 +1,6 @@
 """``POST /v1/gateway-events/stripe``: Stripe's signed events, kept for the scheduler.
 
-Authenticated by the processor's signature alone (SPEC §12): the SDK's
+Authenticated by the processor's signature alone (docs/design.md): the SDK's
 ``Webhook.construct_event`` against each of ``STRIPE_WEBHOOK_SECRET``'s
 secrets (a list, so one can be rotated), with its timestamp tolerance. A
 verified event is stored once (idempotent on its id) and answered 200 at

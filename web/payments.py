@@ -438,6 +438,10 @@ def create():
         )
         if created.replayed:
             payments.confirm_replicated(conn, actor=actor, key=idempotency_key)
+        elif config.prompt_start and created.payment["run_at"] <= datetime.now(UTC) + timedelta(
+            seconds=config.sweep_interval_seconds
+        ):
+            payments.notify_due(conn)  # its row committed: a sweeper claims it now
     return _created(created.payment, created.replayed)
 
 

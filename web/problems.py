@@ -8,7 +8,13 @@ from __future__ import annotations
 from flask import Flask, jsonify
 from marshmallow import fields
 from psycopg import OperationalError
-from psycopg.errors import QueryCanceled
+from psycopg.errors import (
+    QueryCanceled,
+    UndefinedColumn,
+    UndefinedFunction,
+    UndefinedObject,
+    UndefinedTable,
+)
 from psycopg_pool import PoolTimeout
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
@@ -24,6 +30,7 @@ from paycron.errors import (
     RateLimited,
     ValidationFailed,
 )
+from paycron.store.migrate import describe_pending, pending_migrations
 from web.schemas import Answer
 
 PROBLEM_JSON = "application/problem+json"
@@ -37,7 +44,7 @@ _STATUS_BY_ERROR: list[tuple[type[PaycronError], int]] = [
     (LimitReached, 409),
     (RateLimited, 429),
     (GatewayError, 502),
-    # A create that may or may not have committed (SPEC §15): retry it with
+    # A create that may or may not have committed (docs/operations.md): retry it with
     # the same Idempotency-Key, which returns the payment or creates it once.
     (OutcomeUnknown, 503),
 ]
@@ -190,6 +197,23 @@ def register_error_handlers(app: Flask) -> None:
         # 500. A create's own losses answer OUTCOME_UNKNOWN (web.payments).
         app.logger.warning("database unavailable: %s", type(error).__name__)
         return http_problem(ServiceUnavailable("the database is unavailable; retry later"))
+
+    @app.errorhandler(UndefinedTable)
+    @app.errorhandler(UndefinedColumn)
+    @app.errorhandler(UndefinedFunction)
+    @app.errorhandler(UndefinedObject)
+    def _schema_behind(error: Exception):
+        # A table or column this code expects is missing: when migrations
+        # are pending that is a step not taken (503, and say which), not a bug.
+        try:
+            with app.extensions["paycron.pool"].connection(timeout=2) as conn:
+                pending = pending_migrations(conn)
+        except Exception:
+            pending = []
+        if not pending:
+            return _unexpected(error)
+        app.logger.warning("%s", describe_pending(pending))
+        return problem_response(503, "SCHEMA_NOT_CURRENT", describe_pending(pending))
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception):

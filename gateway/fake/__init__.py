@@ -2,8 +2,8 @@
 
 It behaves like a real processor closely enough for paycron's tests and demo
 to meet every failure the engine must survive, and it shares no code with the
-engine (it is someone else's service, reached over HTTP only). SPEC §7 is
-its contract; ``python -m gateway.fake --host H --port P`` serves it.
+engine (it is someone else's service, reached over HTTP only). This docstring
+and docs/development.md are its contract; ``python -m gateway.fake --host H --port P`` serves it.
 
 The core, shared by every HTTP surface:
     `processor` (the state, and each charge's fate), `keys` (idempotency
@@ -15,7 +15,7 @@ Over HTTP:
     (``/_faults``, ``/_stats``, ``/_ledger``, ``/_reset``, ``/healthz``),
     `jsonapi` (JSON answers and errors), `app` (the aiohttp application),
     `__main__` (the command line).
-The Stripe-shaped surface (SPEC §12), under ``/stripe`` for the official SDK:
+The Stripe-shaped surface (docs/design.md), under ``/stripe`` for the official SDK:
     `stripe_api` (the routes and the writes), `stripe_reads` (retrieve, list,
     search, expand), `stripe_idempotency` (Stripe's replays), `stripe_wire`
     (form encoding, errors, auth, lists), `stripe_ledger` (intents, charges,

@@ -1,4 +1,4 @@
-"""The Stripe-shaped surface: Stripe's API under ``/stripe`` (SPEC §12), over the
+"""The Stripe-shaped surface: Stripe's API under ``/stripe`` (docs/design.md), over the
 processor every surface shares; this module holds its writes.
 
 Point the official SDK at it with ``base_addresses={"api": "<fake>/stripe"}``.

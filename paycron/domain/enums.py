@@ -82,4 +82,4 @@ class CancelOutcome(StrEnum):
     ALREADY_PROCESSING = "ALREADY_PROCESSING"
     ALREADY_COMPLETED = "ALREADY_COMPLETED"
     ALREADY_FAILED = "ALREADY_FAILED"
-    OUTCOME_IN_DOUBT = "OUTCOME_IN_DOUBT"  # a call may have charged (SPEC §3)
+    OUTCOME_IN_DOUBT = "OUTCOME_IN_DOUBT"  # a call may have charged (docs/design.md)

@@ -10,6 +10,6 @@ from __future__ import annotations
 
 
 def gateway_key(payment_id: object, generation: int) -> str:
-    """The idempotency key of a payment's key generation (SPEC §3): the
+    """The idempotency key of a payment's key generation (docs/design.md): the
     payment id for the first, ``<id>:<n>`` after."""
     return str(payment_id) if generation <= 1 else f"{payment_id}:{generation}"

@@ -25,13 +25,13 @@ DEFAULT_RATE_LIMIT_DELAY = 1.0
 #: A 409 "key in use" is asked again after this, doubling per 409 in a row, capped.
 KEY_IN_USE_DELAY = 1.0
 KEY_IN_USE_MAX_DELAY = 60.0
-#: After this many 409s in a row the payment is looked up by reference (SPEC §3).
+#: After this many 409s in a row the payment is looked up by reference (docs/design.md).
 KEY_IN_USE_LOOKUP_AFTER = 10
 #: An old doubt whose lookup is not yet conclusive is asked about again after at least this.
 LOOKUP_RECHECK_DELAY = 300.0
 #: A payment AWAITING_GATEWAY without its event is polled after
 #: GATEWAY_POLL_SECONDS, then after these multiples of it, then every last
-#: one: with the default 5 min, SPEC §12's 5 min, 30 min, 2 h, every 12 h.
+#: one: with the default 5 min, the documented 5 min, 30 min, 2 h, every 12 h.
 POLL_BACKOFF = (6, 24, 144)
 #: Still processing after this long pages (SEPA can take 14 business days).
 AWAITING_PAGE_AFTER = 21 * 86400.0
@@ -208,12 +208,22 @@ def after_lease_expiry(
 
     Back to PENDING at once (``run_at`` is kept: it is overdue), in doubt if
     its call was in flight (the call may have landed; the next attempt asks
-    again under the same key). The ``MAX_LEASE_EXPIRIES``-th expiry parks it:
-    a payment that kills its worker every time must not loop forever.
-    Expiries cost no budget: the call may never have been made.
+    again under the same key). Only an expiry whose call was in flight
+    counts toward ``MAX_LEASE_EXPIRIES`` (:func:`counts_expiry`): a claim that
+    never got its attempt row made no call (a lost message, workers that
+    crash before they start), and parking those would park every due
+    payment after a bad deploy. Expiries cost no budget.
+
+    The ``MAX_LEASE_EXPIRIES``-th counted expiry parks nothing by itself: its
+    call may have charged, and every path from doubt to FAILED goes through
+    a lookup. The payment goes back to PENDING and its next claim looks it
+    up instead of calling (:func:`after_lease_expiry_limit`). Only if that
+    claim's lease expires too (the lookup itself hung) is it parked here,
+    in doubt, its event saying the outcome is unknown: a payment that kills
+    its worker every time must not loop forever.
     """
     in_doubt = in_doubt or call_in_flight
-    if lease_expiries + 1 >= config.max_lease_expiries:
+    if counts_expiry(call_in_flight) and lease_expiries + 1 > config.max_lease_expiries:
         return Decision(
             Status.FAILED,
             failures=failures,
@@ -223,13 +233,40 @@ def after_lease_expiry(
     return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt)
 
 
+def at_lease_expiry_limit(lease_expiries: int, config: Config) -> bool:
+    """A claim of a payment whose counted lease expiries reached the limit
+    is looked up, never called (:func:`after_lease_expiry_limit`)."""
+    return lease_expiries >= config.max_lease_expiries
+
+
+def after_lease_expiry_limit(lookup: Lookup, *, failures: int, in_doubt: bool) -> Decision:
+    """A payment at the lease-expiry limit, looked up by reference: charged
+    completes it, processing waits for the processor, a mismatch parks it
+    for a human; *none* parks it ``LEASE_EXPIRED_REPEATEDLY``, in doubt
+    unless the lookup was conclusive (its event then says the outcome is
+    unknown: a charge may exist)."""
+    parked = Decision(
+        Status.FAILED,
+        failures=failures,
+        in_doubt=in_doubt,
+        failure_reason=FailureReason.LEASE_EXPIRED_REPEATEDLY,
+    )
+    return after_lookup(parked, lookup)
+
+
+def counts_expiry(call_in_flight: bool) -> bool:
+    """Whether a lease expiry counts in ``lease_expiries``: only when its
+    attempt's call was in flight (the worker started it and never finished)."""
+    return call_in_flight
+
+
 #: Charge statuses that mean the money moved: a refund is recorded, never
-#: taken as "not charged" (SPEC §3).
+#: taken as "not charged" (docs/design.md).
 CHARGED_STATUSES = frozenset({SUCCEEDED, REFUNDED})
 
 
 class Answer(StrEnum):
-    """A lookup's four answers (SPEC §3)."""
+    """A lookup's four answers (docs/design.md)."""
 
     CHARGED = "charged"  # the processor holds this payment, charged (also since refunded)
     PROCESSING = "processing"  # accepted there, outcome later
@@ -248,6 +285,14 @@ class Lookup:
     conclusive: bool = True
     charge: Charge | None = None
     extra: tuple[Charge, ...] = ()
+
+    @property
+    def found(self) -> Charge:
+        """The charge that decided a CHARGED, MISMATCHED or PROCESSING answer
+        (each carries one; only NONE has none)."""
+        if self.charge is None:
+            raise ValueError(f"a lookup answering {self.answer.value!r} holds no charge")
+        return self.charge
 
 
 def _matches(charge: Charge, *, amount: int, currency: str, customer: str | None) -> bool:

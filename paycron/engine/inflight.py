@@ -13,7 +13,7 @@ less is what made a spike drain 10x slower than the ceiling allowed.
 
 A group in the background is not acknowledged work: if the process dies,
 its rows stay PROCESSING under a lease and the reaper returns them, as for
-any crash (Dramatiq redelivery is never relied on, SPEC §10).
+any crash (Dramatiq redelivery is never relied on, docs/design.md).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from paycron.engine.execution import Executor
+from paycron.observability.outages import FailureLog
 from paycron.store.transitions import Claim
 
 log = logging.getLogger("paycron.inflight")
@@ -54,6 +55,7 @@ class InFlightLimit:
         self.floor = min(floor, max_in_flight)
         self.latency = initial_latency
         self.held = 0
+        self._waiting = 0  # threads in acquire, waiting for room
         self._cond = threading.Condition()
 
     @property
@@ -62,22 +64,31 @@ class InFlightLimit:
         return max(self.floor, min(self.max_in_flight, wanted))
 
     def observe(self, seconds: float) -> None:
-        """One call's duration: the mean moves, and so may the size."""
+        """One call's duration: the mean moves, and so may the size. Waiters
+        are woken only when it grew (waking them after every call, to find
+        no room, cost a busy worker 9% of its time and its waiters 4% more)."""
         with self._cond:
+            before = self.size
             self.latency += EWMA_ALPHA * (seconds - self.latency)
-            self._cond.notify_all()
+            if self._waiting and self.size > before:
+                self._cond.notify_all()
 
     def acquire(self, n: int) -> None:
         """Wait until ``n`` more fit (a group larger than the limit is let in alone)."""
         with self._cond:
             while self.held and self.held + n > self.size:
-                self._cond.wait()
+                self._waiting += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._waiting -= 1
             self.held += n
 
     def release(self, n: int) -> None:
         with self._cond:
             self.held -= n
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
 
 class Dispatcher:
@@ -88,6 +99,9 @@ class Dispatcher:
         self.executor = executor
         self.limit = limit
         self._groups = groups
+        # An outage fails every group: one line per kind per minute, counted.
+        self._failures = FailureLog("executing a group of claims")
+        self._failures_lock = threading.Lock()
 
     def submit(self, claims: Sequence[Claim], *, probe: bool = False) -> None:
         """Admit a group (blocking while the process is full: back pressure
@@ -102,7 +116,11 @@ class Dispatcher:
     def _run(self, claims: Sequence[Claim], probe: bool) -> None:
         try:
             self.executor.execute(claims, probe=probe)
-        except Exception:  # the rows stay leased; the reaper returns them
-            log.exception("executing a group of %d claims failed", len(claims))
+        except Exception as exc:  # the rows stay leased; the reaper returns them
+            with self._failures_lock:
+                self._failures.failed(exc)
+        else:
+            with self._failures_lock:
+                self._failures.succeeded()
         finally:
             self.limit.release(len(claims))

@@ -1,4 +1,4 @@
-"""The one message the scheduler sends the workers (SPEC §1: the parts talk
+"""The one message the scheduler sends the workers (docs/design.md: the parts talk
 only through Postgres rows and Dramatiq messages): "execute this group of
 claims". Both sides use this module, so neither imports the other's wiring.
 

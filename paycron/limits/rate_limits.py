@@ -1,4 +1,4 @@
-"""Requests per actor: one token bucket per actor in Redis (SPEC §14).
+"""Requests per actor: one token bucket per actor in Redis (docs/design.md).
 
 Each request takes one token from its actor's bucket, a batch create one
 per item (``token_bucket.lua``, the claim pacer's script: one round trip,

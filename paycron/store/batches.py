@@ -23,11 +23,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
-from psycopg import Connection
-
 from paycron.domain.ids import new_payment_id
 from paycron.errors import CustomerNotYours, IdempotencyKeyReused, PaycronError
 from paycron.sql import q
+from paycron.store.db import Connection
 from paycron.store.payments import Created, NewPayment
 
 #: A batch naming customers re-reads their owners and starts over when a

@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from datetime import UTC, date, datetime, time, timedelta
 
-from psycopg import Connection, sql
+from psycopg import sql
 from psycopg.errors import LockNotAvailable
 
 from paycron.config import Config
 from paycron.sql import q
+from paycron.store.db import Connection, one_row
 from paycron.store.migrate import schema_lock
 
 _NAME = re.compile(r"^payments_p(\d{8})$")
@@ -83,7 +84,7 @@ def detach_settled(conn: Connection, config: Config, today: date | None = None) 
             with conn.transaction():
                 conn.execute(q("set_lock_timeout"))
                 conn.execute(_formatted("lock_partition", day))
-                if conn.execute(_formatted("partition_has_live_rows", day)).fetchone()["live"]:
+                if one_row(conn.execute(_formatted("partition_has_live_rows", day)))["live"]:
                     continue
                 conn.execute(_formatted("detach_partition", day))
             detached.append(partition_name(day))
@@ -100,6 +101,40 @@ def detach_settled(conn: Connection, config: Config, today: date | None = None) 
             },
         )
     return detached
+
+
+def live_bound(conn: Connection) -> datetime:
+    """The lower bound of live ``due_at``: every payment not yet terminal is
+    due at or after it (kept so by migration 012's triggers)."""
+    return one_row(conn.execute(q("live_bound"), prepare=True))["due_from"]
+
+
+def raise_live_bound(conn: Connection) -> datetime:
+    """Raise the live bound past every oldest day whose partition holds no
+    live payment, a day at a time, so claims prune the settled days at plan
+    time; stops at the first day with a live row, a busy partition, or two
+    days before today. Each day is checked under a SHARE lock on its
+    partition (writes to it wait, briefly), in the transaction that raises
+    the bound: a write after it sees the new bound and, if it makes a row
+    live below it, lowers it again. Returns the bound."""
+    bound = live_bound(conn)
+    for day in existing_days(conn):
+        end = day_start(day + timedelta(days=1))
+        if end <= bound:
+            continue
+        try:
+            with conn.transaction():
+                conn.execute(q("set_lock_timeout"))
+                conn.execute(_formatted("lock_partition", day))
+                if one_row(conn.execute(_formatted("partition_has_unsettled_rows", day)))["live"]:
+                    break
+                raised = conn.execute(q("raise_live_bound"), {"from": bound, "to": end}).fetchone()
+        except LockNotAvailable:
+            break  # busy: try again at the next upkeep
+        if raised is None:
+            break  # lowered meanwhile, or as far as it goes
+        bound = raised["due_from"]
+    return bound
 
 
 def days_ahead(conn: Connection, today: date | None = None) -> int:

@@ -13,11 +13,10 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from psycopg import Connection
-
 from paycron.domain.ids import due_range, new_payment_id
 from paycron.errors import CustomerNotYours, IdempotencyKeyReused, PaycronError
 from paycron.sql import q
+from paycron.store.db import Connection
 
 #: Sorts after every real (created_at, id): the keyset start of page one.
 _FIRST_PAGE = ("infinity", uuid.UUID(int=(1 << 128) - 1))
@@ -78,6 +77,12 @@ def find_replay(conn: Connection, actor: str, key: str, body_hash: bytes) -> dic
     return get_payment(conn, row["payment_id"], actor=actor)
 
 
+def notify_due(conn: Connection) -> None:
+    """Announce a payment falling due within the sweep interval: sweepers
+    waiting on the channel wake and claim it (scheduler/wake.py)."""
+    conn.execute(q("notify_due"))
+
+
 def create_payment(
     conn: Connection,
     *,
@@ -94,7 +99,7 @@ def create_payment(
     for it and then answer as replays of it (or 409 if their body differs).
 
     A payment naming a customer needs the customer bound to ``actor`` at
-    ``processor`` (SPEC §12): the first create naming it binds it, in the
+    ``processor`` (docs/design.md): the first create naming it binds it, in the
     same transaction as the payment; a customer another actor bound first is
     :class:`CustomerNotYours`, and nothing is created. A create naming a
     customer already bound to it costs no more than one without.
@@ -250,12 +255,16 @@ def list_payments(
     )
     # A key whose row is gone (its partition detached) or filtered out is skipped.
     matched = [(key, rows[key["payment_id"]]) for key in keys if key["payment_id"] in rows]
+    last: dict | None
     if len(matched) > limit:
         matched, more = matched[:limit], True
         last = matched[-1][0]
     else:
         last = keys[-1] if keys else None
-    next_key = (last["created_at"], last["payment_id"]) if more else None
+    next_key = None
+    if more:
+        assert last is not None  # more keys than were scanned: some were
+        next_key = (last["created_at"], last["payment_id"])
     return [row for _, row in matched], next_key
 
 

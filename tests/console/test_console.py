@@ -429,6 +429,30 @@ def test_webhook_endpoints_with_their_backlog_per_payer(signed_in, conn):
     html = signed_in.get("/console/webhooks").get_data(as_text=True)
     assert "https://hooks.acme.example/in" in html
     assert "Endpoints of acme: 3 events waiting" in html
+    assert "none yet" in html  # no delivery attempted yet
+
+
+def test_a_caught_up_endpoint_shows_its_latest_answer(signed_in, conn):
+    """Every event delivered, none waiting: the page still says how the last
+    delivery went, not a dash."""
+    (endpoint,) = (
+        conn.execute(
+            "INSERT INTO webhook_endpoints (actor, url, secret) "
+            "VALUES ('acme', 'https://hooks.acme.example/in', 'whsec_x') RETURNING id"
+        )
+        .fetchone()
+        .values()
+    )
+    for event_id, status in ((1, 500), (2, 204)):
+        conn.execute(
+            "INSERT INTO webhook_deliveries (endpoint_id, event_id, attempts, last_status, "
+            "delivered_at) VALUES (%s, %s, 1, %s, now())",
+            (endpoint, event_id, status),
+        )
+    html = signed_in.get("/console/webhooks").get_data(as_text=True)
+    row = html[html.index("https://hooks.acme.example/in") :].split("</tr>", 1)[0]
+    *_, last_answer, _next_try = re.findall(r"<td[^>]*>(.*?)</td>", row)
+    assert last_answer.startswith("204 at "), last_answer
 
 
 # -- actions ------------------------------------------------------------------------------------
@@ -504,3 +528,22 @@ def test_an_unknown_action_or_letter_is_a_404(signed_in, conn):
     assert signed_in.get(f"/console/dead-letters/{row['id']}/launch").status_code == 404
     other = insert_payment(conn)
     assert signed_in.get(f"/console/dead-letters/{other['id']}/dismiss").status_code == 404
+
+
+# -- money as people read it ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("amount", "currency", "shown"),
+    [(50003, "USD", "500.03 USD"), (500, "JPY", "500 JPY"), (5120, "BHD", "5.120 BHD")],
+)
+def test_amounts_are_major_units_with_the_minor_units_on_hover(
+    signed_in, conn, amount, currency, shown
+):
+    row = park(conn, amount_minor=amount, currency=currency)
+    title = f'title="{amount} minor units"'
+    for url in (f"/console/payments/{row['id']}", "/console/dead-letters"):
+        html = signed_in.get(url).get_data(as_text=True)
+        assert f'<span class="money" {title}>{shown}</span>' in html, url
+        if shown != f"{amount} {currency}":  # never the minor units as if major
+            assert f">{amount} {currency}<" not in html

@@ -99,7 +99,8 @@ CASES = {
             "count_cap": 1001,
             "limit": 51,
         },
-        r"webhook_endpoints_actor_idx(.|\n)*payment_events_feed_idx",
+        r"webhook_endpoints_actor_idx(.|\n)*payment_events_feed_idx(.|\n)*"
+        r"webhook_deliveries_pkey",
     ),
 }
 

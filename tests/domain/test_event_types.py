@@ -1,5 +1,5 @@
 """The event types are the webhook contract: one enum, mirrored by the
-schema's CHECK and listed in the README."""
+schema's CHECK and listed in docs/api.md."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from paycron.domain.enums import EventType
 from tests.factories import insert_event
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 
 def _check_values(conn) -> set[str]:
@@ -36,8 +36,8 @@ def test_a_type_outside_the_enum_is_refused_by_the_schema(conn):
         insert_event(conn, type="payment.exploded")
 
 
-def test_the_readme_documents_every_type():
+def test_the_api_reference_documents_every_type():
     documented = set(
-        re.findall(r"^\| `((?:payment|attempt)\.[a-z_]+)` \|", README.read_text(), re.MULTILINE)
+        re.findall(r"^\| `((?:payment|attempt)\.[a-z_]+)` \|", API_DOC.read_text(), re.MULTILINE)
     )
     assert documented == {t.value for t in EventType}

@@ -36,7 +36,7 @@ def test_list_prints_one_line_per_open_letter_starting_with_the_id(cli, conn):
     lines = cli("dlq", "list").output.strip().splitlines()
     assert sorted(line.split("\t")[0] for line in lines) == sorted(str(r["id"]) for r in rows)
     listed = json.loads(cli("dlq", "list", "--json").output)
-    assert {d["payment_id"] for d in listed} == {str(r["id"]) for r in rows}
+    assert {d["paymentId"] for d in listed} == {str(r["id"]) for r in rows}
 
 
 def test_show_has_the_attempt_history(cli, conn):
@@ -53,12 +53,31 @@ def test_show_has_the_attempt_history(cli, conn):
         )
     shown = json.loads(cli("dlq", "show", str(row["id"])).output)
     assert shown["payment"]["status"] == "FAILED"
-    assert [
-        (a["attempt"], a["outcome"], a["error_code"]) for a in shown["payment"]["attempts"]
-    ] == [(n, "RETRYABLE_ERROR", "http_503") for n in range(1, 7)]
-    assert [(d["reason"], d["last_error"]) for d in shown["dead_letters"]] == [
+    assert [(a["attempt"], a["outcome"], a["errorCode"]) for a in shown["payment"]["attempts"]] == [
+        (n, "RETRYABLE_ERROR", "http_503") for n in range(1, 7)
+    ]
+    assert [(d["reason"], d["lastError"]) for d in shown["deadLetters"]] == [
         ("RETRIES_EXHAUSTED", "http_503")
     ]
+
+
+def test_show_and_list_print_what_the_api_answers(cli, conn, client, make_key):
+    """The CLI and /v1/admin/dead-letters speak one shape (camelCase)."""
+    row = park(conn)
+    add_attempt(
+        conn,
+        row,
+        attempt=1,
+        outcome="RETRYABLE_ERROR",
+        error_code="http_503",
+        finished_at=datetime.now(UTC),
+    )
+    admin = {"Authorization": f"Bearer {make_key('ops-ann', admin=True)}"}
+    api = client.get(f"/v1/admin/dead-letters/{row['id']}", headers=admin).get_json()
+    assert json.loads(cli("dlq", "show", str(row["id"])).output) == api
+    assert "amount" in api["payment"] and "deadLetters" in api
+    listed = client.get("/v1/admin/dead-letters", headers=admin).get_json()["data"]
+    assert json.loads(cli("dlq", "list", "--json").output) == listed
 
 
 def test_redrive_of_a_charged_payment_collapses_into_the_original_charge(cli, conn, gateway):
@@ -102,7 +121,7 @@ def test_redrive_without_a_charge_gets_a_fresh_budget_and_the_next_key(cli, conn
 
 
 def test_redrive_refused_while_a_call_may_still_land(cli, conn, gateway):
-    # SPEC §3: "none" is conclusive only past the in-flight bound; before it a
+    # docs/design.md: "none" is conclusive only past the in-flight bound; before it a
     # zombie's call could still charge, so nothing changes and the operator
     # is told when to come back.
     bound = datetime.now(UTC) + timedelta(minutes=10)

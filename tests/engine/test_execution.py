@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -73,9 +74,14 @@ def test_a_decline_stops_at_one_attempt(engine, conn, gateway):
     assert event_types(conn, row["id"])[-1] == "payment.failed"
 
 
-def test_six_retryable_failures_park_with_the_full_history(engine, conn, gateway):
+def test_six_retryable_failures_park_with_the_full_history(engine, conn, gateway, caplog):
     row = insert_payment(conn, amount_minor=ALWAYS_503)
-    rounds = [counts for _ in range(10) for counts in engine.work()]  # one group a round
+    with caplog.at_level(logging.INFO, logger="paycron"):
+        rounds = [counts for _ in range(10) for counts in engine.work()]  # one group a round
+    # Parked in doubt (a 503 may have charged): a person must look, so ERROR.
+    parked = [r for r in caplog.records if "parked RETRIES_EXHAUSTED" in r.getMessage()]
+    assert [r.levelno for r in parked] == [logging.ERROR]
+    assert f"paycron dlq show {row['id']}" in parked[0].getMessage()
     done = payment(conn, row["id"])
     assert (done["status"], done["failure_reason"]) == ("FAILED", "RETRIES_EXHAUSTED")
     history = attempts(conn, row["id"])
@@ -89,7 +95,7 @@ def test_six_retryable_failures_park_with_the_full_history(engine, conn, gateway
     # A 5xx put it in doubt, so the gateway was asked by reference before
     # parking: once, after the sixth call, and it found nothing.
     assert [c.looked_up for c in rounds] == [0, 0, 0, 0, 0, 1]
-    # Parked in doubt (SPEC §3): the lookup's "none" is not conclusive while
+    # Parked in doubt (docs/design.md): the lookup's "none" is not conclusive while
     # its last call may still land, so inDoubt is kept and its event says the
     # outcome is unknown (a client must not re-create it as if it failed).
     assert done["calls_land_by"] > datetime.now(UTC)

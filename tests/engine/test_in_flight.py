@@ -1,4 +1,4 @@
-"""Execution at a real processor's latency (SPEC §13, issue 10): calls of a
+"""Execution at a real processor's latency (docs/design.md, issue 10): calls of a
 batch side by side, the in-flight bound from Little's law, the lease checked
 just before each call, and 409 "key in use" costing no budget. Against a
 scripted gateway over real HTTP and the real Postgres."""
@@ -185,6 +185,39 @@ def test_a_full_process_admits_no_more_until_calls_finish():
     limit.release(2)
     limit.acquire(9)  # larger than the limit, but alone: let in rather than stuck
     assert limit.held == 9
+
+
+class _CountingCondition(threading.Condition):
+    def __init__(self):
+        super().__init__()
+        self.wakeups = 0
+
+    def notify_all(self):
+        self.wakeups += 1
+        super().notify_all()
+
+
+def test_a_waiter_is_let_in_when_the_size_grows_and_no_one_is_woken_for_nothing():
+    limit = InFlightLimit(rate=10, max_in_flight=100, initial_latency=0.2)  # size 3
+    limit._cond = cond = _CountingCondition()
+    limit.acquire(3)
+    for _ in range(20):
+        limit.observe(0.2)  # calls finish, no one waits: nobody to wake
+    limit.release(1)
+    limit.acquire(1)
+    assert cond.wakeups == 0
+    admitted = threading.Event()
+    waiter = threading.Thread(target=lambda: (limit.acquire(3), admitted.set()))
+    waiter.start()
+    assert not admitted.wait(0.3)  # 3 + 3 > 3: waits
+    limit.observe(0.1)  # faster: the size does not grow, the waiter sleeps on
+    assert cond.wakeups == 0 and not admitted.wait(0.1)
+    for _ in range(40):
+        limit.observe(0.5)  # slower: more fit in flight (Little's law)
+        if admitted.is_set():
+            break
+    assert admitted.wait(5) and limit.held == 6
+    waiter.join()
 
 
 class _Executor:

@@ -153,7 +153,7 @@ def test_a_key_still_in_use_answers_409(
         answers = [first.result(), second.result()]
     [conflict] = [answer for answer in answers if isinstance(answer, stripe.APIError)]
     [intent] = [answer for answer in answers if isinstance(answer, stripe.PaymentIntent)]
-    # APIError carries no `code`: an adapter reads `error.code` (SPEC §12: by status and code)
+    # APIError carries no `code`: an adapter reads `error.code` (docs/design.md: by status and code)
     assert conflict.http_status == 409 and conflict.error.code == "idempotency_key_in_use"
     assert conflict.error.type == "invalid_request_error"
     assert conflict.headers["stripe-should-retry"] == "true"

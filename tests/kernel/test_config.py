@@ -10,7 +10,7 @@ import pytest
 from paycron.config import STRIPE_API_VERSION, Config
 from paycron.errors import ConfigError
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+CONFIGURATION = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
 SETTINGS = [f.name.upper() for f in fields(Config) if "parse" in f.metadata]
 
 
@@ -79,7 +79,7 @@ def test_a_bad_value_refuses_to_start_naming_the_variable(name, value):
 
 @pytest.mark.parametrize("name", SETTINGS)
 def test_every_setting_is_documented(name):
-    assert f"`{name}`" in README
+    assert f"`{name}`" in CONFIGURATION
 
 
 def test_stripe_is_chosen_with_its_key_and_the_pinned_version():

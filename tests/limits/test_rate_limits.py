@@ -1,4 +1,4 @@
-"""Rate limits per actor (SPEC §14): a token bucket per actor in Redis,
+"""Rate limits per actor (docs/design.md): a token bucket per actor in Redis,
 429 RATE_LIMITED with Retry-After above it, failing open without Redis."""
 
 from __future__ import annotations

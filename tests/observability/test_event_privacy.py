@@ -1,5 +1,5 @@
 """Operators act on payers' payments (redrive, refund, complete): the payer's
-events say that an operator acted, never who (SPEC §14). The audit keeps the
+events say that an operator acted, never who (docs/design.md). The audit keeps the
 name (dead_letters.resolved_by, refunds.requested_by)."""
 
 from __future__ import annotations

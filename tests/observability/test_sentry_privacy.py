@@ -1,8 +1,8 @@
 """No payer, payee, customer or payment method in any field of a Sentry
-event (SPEC §14): not in the formatted log message, not in breadcrumbs made
+event (docs/design.md): not in the formatted log message, not in breadcrumbs made
 from earlier log lines, not in exception values (Postgres puts the failing
 row in its DETAIL, and a refused value in its message); and no customer or
-payment method in a log line (SPEC §4)."""
+payment method in a log line (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Each process reports to Sentry under its own name (SPEC §8; issue 9), and
-none of them sends a payer, payee, customer or payment method (SPEC §14).
+"""Each process reports to Sentry under its own name (docs/operations.md; issue 9), and
+none of them sends a payer, payee, customer or payment method (docs/design.md).
 
 Every process is started as the Procfile starts it, with ``SENTRY_DSN``
 pointing at a local receiver of Sentry envelopes, and made to fail; the
@@ -28,6 +28,7 @@ import pytest
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
+from devtools.procs import stop
 from paycron.engine.messages import EXECUTE_ACTOR, execute_message
 from paycron.store.transitions import Claim
 from tests.factories import insert_payment, park
@@ -142,14 +143,14 @@ def _names(event: dict) -> tuple[str, str, set[str]]:
 
 
 def test_the_scheduler_reports_as_scheduler(config, receiver, tmp_path):
-    # Redis refuses connections: the sweep fails and logs it at ERROR.
+    # Redis refuses connections: the scheduler stops at start with one line,
+    # which it also sends to Sentry.
     env = _env(config, receiver, REDIS_URL=f"redis://127.0.0.1:{DEAD_URL_PORT}/0")
     proc = _start(["-m", "scheduler"], env, tmp_path)
     try:
         component, server, integrations = _names(receiver.wait_for_event())
     finally:
-        proc.kill()
-        proc.wait()
+        stop(proc)
     assert (component, server) == ("scheduler", "scheduler")
     assert "dramatiq" not in integrations
 
@@ -175,15 +176,15 @@ def test_the_worker_reports_as_worker(config, receiver, tmp_path):
         )
         component, server, integrations = _names(receiver.wait_for_event(timeout=60))
     finally:
-        proc.kill()
-        proc.wait()
+        stop(proc)
         broker.close()
     assert (component, server) == ("worker", "worker")
     assert "dramatiq" in integrations
 
 
 def test_the_cli_reports_as_cli(config, receiver, tmp_path):
-    # A database that refuses connections: the command fails with a traceback.
+    # A database that refuses connections: the command says so in one line
+    # (exit status 2), and sends that line to Sentry.
     bad_db = f"postgresql://postgres@127.0.0.1:{DEAD_URL_PORT}/none?connect_timeout=2"
     proc = _start(
         ["-m", "paycron.cli", "dlq", "list"], _env(config, receiver, DATABASE_URL=bad_db), tmp_path
@@ -193,7 +194,7 @@ def test_the_cli_reports_as_cli(config, receiver, tmp_path):
     assert (component, server) == ("cli", "cli")
 
 
-# -- No payment's data in what a process sends or prints (SPEC §14) ------------
+# -- No payment's data in what a process sends or prints (docs/design.md) ------------
 
 # Made at run time, so no source line Sentry sends can hold them.
 PAYER = f"payer-{uuid.uuid4().hex}"
@@ -222,8 +223,9 @@ def _assert_private(receiver: SentryReceiver, component: str, log: Path) -> None
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.kill()
-    proc.wait()
+    """The process and everything it started (Dramatiq's worker processes):
+    its whole process group, never only the master."""
+    stop(proc)
 
 
 def test_the_scheduler_sends_and_prints_no_payments_data(config, conn, receiver, tmp_path):

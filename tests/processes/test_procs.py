@@ -9,13 +9,17 @@ import pytest
 from devtools import procs
 
 
-def procfile_line(name: str, **values: str) -> list[str]:
+def procfile_line(name: str, path=procs.PROCFILE, **values: str) -> list[str]:
     """The Procfile's ``name`` line, split, with ``${VAR:-default}`` written
     out by hand: ``values[VAR]`` or the default."""
-    for line in procs.PROCFILE.read_text().splitlines():
+    for line in path.read_text().splitlines():
         if line.startswith(f"{name}:"):
             command = line.split(":", 1)[1]
-            for variable, default in (("PORT", "8000"), ("WEB_CONCURRENCY", "5")):
+            for variable, default in (
+                ("PORT", "8000"),
+                ("WEB_CONCURRENCY", "5"),
+                ("GATEWAY_PORT", "9090"),
+            ):
                 command = command.replace(
                     f"${{{variable}:-{default}}}", values.get(variable, default)
                 )
@@ -28,9 +32,37 @@ def as_module(argv: list[str]) -> list[str]:
     return argv[1:] if argv[0] == "python" else ["-m", *argv]
 
 
-@pytest.mark.parametrize("name", ["web", "worker", "scheduler", "gateway"])
+@pytest.mark.parametrize("name", ["web", "worker", "scheduler"])
 def test_each_command_is_the_procfiles_run_under_this_interpreter(name):
     assert procs.procfile_args(name) == as_module(procfile_line(name))
+
+
+def test_production_runs_the_engine_and_its_release_step_only():
+    """No fake processor in production: it lives in Procfile.dev."""
+    assert list(procs.parse_procfile(procs.PROCFILE.read_text())) == [
+        "release",
+        "web",
+        "scheduler",
+        "worker",
+    ]
+    assert procs.procfile()["release"] == "paycron migrate"
+
+
+def test_the_development_procfile_runs_productions_commands_and_the_fake():
+    """Procfile.dev differs from the Procfile only in where the web listens
+    and how many processes run, plus the fake gateway; the release step is
+    ``./dev up``'s (honcho would stop everything when it exits)."""
+    dev = procs.parse_procfile(procs.PROCFILE_DEV.read_text())
+    assert set(dev) == {"web", "scheduler", "worker", "gateway"}
+    sized = {"--workers", "--bind", "--processes"}
+    for name in ("web", "scheduler", "worker"):
+        prod = shlex.split(procs.procfile()[name])
+        here = shlex.split(dev[name])
+        assert len(prod) == len(here)
+        differ = [prod[i - 1] for i, (a, b) in enumerate(zip(prod, here, strict=True)) if a != b]
+        assert set(differ) <= sized, (name, differ)
+    web = procs.procfile_args("web", path=procs.PROCFILE_DEV)
+    assert web[web.index("--bind") + 1] == "127.0.0.1:8000"
 
 
 def test_the_web_command_takes_the_port_and_concurrency_the_harness_wants():
@@ -54,7 +86,8 @@ def test_worker_and_gateway_change_only_the_options_asked_for():
     ]
     assert procs.worker_args() == worker
     gateway = procs.gateway_args(9191)
-    assert gateway[:-1] == as_module(procfile_line("gateway"))[:-1] and gateway[-1] == "9191"
+    dev_gateway = as_module(procfile_line("gateway", procs.PROCFILE_DEV))
+    assert gateway[:-1] == dev_gateway[:-1] and gateway[-1] == "9191"
     assert procs.scheduler_args() == ["-m", "scheduler"]
 
 

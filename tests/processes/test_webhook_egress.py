@@ -1,4 +1,4 @@
-"""Webhook egress (SPEC §14): the relay connects to the address it checked,
+"""Webhook egress (docs/design.md): the relay connects to the address it checked,
 IPv4 hidden in IPv6 is checked too, and refusals do not echo addresses."""
 
 from __future__ import annotations

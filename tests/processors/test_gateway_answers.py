@@ -1,4 +1,4 @@
-"""A bad answer never hurts its neighbours (SPEC §13): the gateway client
+"""A bad answer never hurts its neighbours (docs/design.md): the gateway client
 and the executor against a gateway that answers absurdly, over real HTTP."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPEC §12's answer table, one row per test, through the official SDK.
+"""The Stripe answer table (docs/design.md), one row per test, through the official SDK.
 
 paycron.processors.stripe.client.StripeGateway (the real ``stripe`` SDK over our
 urllib3 transport) against a loopback server that answers each request as

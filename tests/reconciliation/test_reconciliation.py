@@ -1,4 +1,4 @@
-"""Daily reconciliation (SPEC §6): the settlement report against payments and
+"""Daily reconciliation (docs/operations.md): the settlement report against payments and
 attempts, both ways. The pure classification first, then the real command
 against the real fake gateway (its ledger is the truth) and real Postgres."""
 
@@ -161,7 +161,7 @@ def test_two_charges_for_one_key_page_once_and_block_the_repair():
 
 
 def test_two_charges_under_two_key_generations_of_one_payment_page():
-    # Matching is by payment id, not by key (SPEC §3: two succeeded payments
+    # Matching is by payment id, not by key (docs/design.md: two succeeded payments
     # for one payment id page, whatever keys they were made under).
     payment = a_payment(Status.COMPLETED)
     first = a_charge(payment)

@@ -1,4 +1,4 @@
-"""Reconciliation against Stripe (SPEC §12): the day's charges listed through
+"""Reconciliation against Stripe (docs/design.md): the day's charges listed through
 the SDK (every page) from the fake's Stripe surface, its ledger the oracle,
 through the real ``paycron reconcile`` command."""
 

@@ -1,4 +1,4 @@
-"""The relay's claim is fair across payers (SPEC §14): a payer with N
+"""The relay's claim is fair across payers (docs/design.md): a payer with N
 webhook endpoints does not get N shares of the relay."""
 
 from __future__ import annotations

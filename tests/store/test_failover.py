@@ -1,4 +1,4 @@
-"""Surviving a database failover (SPEC §15), mechanism by mechanism, on a
+"""Surviving a database failover (docs/operations.md), mechanism by mechanism, on a
 private primary with a synchronous standby (bench.servers.ReplicatedPostgres:
 the system's PostgreSQL binaries, as the ``postgres`` user). The whole
 system through a failover is bench/failover.py (``--short`` in

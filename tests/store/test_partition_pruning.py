@@ -18,6 +18,7 @@ from paycron.sql import q
 from paycron.store import payments, transitions
 from tests.factories import insert_payment
 
+ALL_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 #: Generous: a handful of partitions with their indexes, never hundreds.
 MAX_LOCKS = 120
 
@@ -49,6 +50,7 @@ STATEMENTS = {
             "statuses": ["PENDING"],
             "failure_reasons": [None],
             "in_doubts": [True],
+            "counteds": [True],
             "land_seconds": 730,
         },
     ),
@@ -57,7 +59,12 @@ STATEMENTS = {
         q("start_attempts"),
         {**claim_params(row), "lease_seconds": 30, "worker": "w", "processor": "fake"},
     ),
-    "release_claims": lambda conn, row: conn.execute(q("release_claims"), claim_params(row)),
+    "lock_claims_to_release": lambda conn, row: conn.execute(
+        q("lock_claims_to_release"), claim_params(row)
+    ),
+    "release_claims": lambda conn, row: conn.execute(
+        q("release_claims"), {**claim_params(row), "reason": "circuit_open"}
+    ),
     "get_payment": lambda conn, row: payments.get_payment(conn, row["id"], actor="alice"),
     "cancel": lambda conn, row: conn.execute(
         q("cancel"),
@@ -92,7 +99,8 @@ def test_a_statement_on_now_would_lock_everything(conn):
     taken = locks_taken(
         conn,
         lambda: conn.execute(
-            sweep_on_now, {"limit": 100, "lease_seconds": 30, "processor": "fake"}
+            sweep_on_now,
+            {"limit": 100, "lease_seconds": 30, "processor": "fake", "live_from": ALL_TIME},
         ),
     )
     assert taken > 1000

@@ -1,4 +1,4 @@
-"""The create's processor fields (SPEC §4, §12): ``paymentMethod`` and
+"""The create's processor fields (docs/api.md, docs/design.md): ``paymentMethod`` and
 ``customer`` — optional with the fake gateway, required with Stripe, stored
 and shown, part of the idempotent request; Stripe's amount and currency rules
 checked at create with GATEWAY=stripe; each customer bound to the first

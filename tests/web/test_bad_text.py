@@ -1,4 +1,4 @@
-"""Unencodable text (SPEC §14): JSON may escape a lone surrogate ("\\ud800"),
+"""Unencodable text (docs/design.md): JSON may escape a lone surrogate ("\\ud800"),
 which no UTF-8 encoder, hash or Postgres text column accepts. Every string
 the API takes answers 400 VALIDATION_FAILED naming the field, never a 500,
 and nothing is stored."""

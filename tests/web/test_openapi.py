@@ -25,7 +25,7 @@ from web.webhooks import EndpointListQuerySchema
 
 URL = "/openapi.json"
 #: Served but deliberately not in the document: Prometheus text for the
-#: internal network (SPEC §4), the document itself, and Flask's static files.
+#: internal network (docs/api.md), the document itself, and Flask's static files.
 UNDOCUMENTED = {"metrics.metrics", "api-docs.openapi_json", "static"}
 #: Fixed, so a failure replays. The sizes keep the module near a minute; 80
 #: scenarios is about what the stateful checks need to see a create -> read
@@ -39,7 +39,7 @@ STATEFUL_SCENARIOS = 80
 #: the check, and why.
 EXCLUDED_CHECKS: dict[str, dict[str, str]] = {
     "GET /v1/scheduled-payments/{payment_id}": {
-        "use_after_free": "DELETE is cancel (SPEC §4): the payment stays readable afterwards, "
+        "use_after_free": "DELETE is cancel (docs/api.md): the payment stays readable afterwards, "
         "with status CANCELLED; a 200 after DELETE is the documented answer",
     },
 }
@@ -127,7 +127,7 @@ def test_v1_needs_the_bearer_key_and_every_error_is_a_problem(client):
         for method, operation in item.items():
             if method == "parameters":  # the path's own, not an operation
                 continue
-            # the processor's inbound events carry its signature, not a key (SPEC §12)
+            # the processor's inbound events carry its signature, not a key (docs/design.md)
             v1 = path.startswith("/v1/") and not path.startswith("/v1/gateway-events/")
             security = operation.get("security", document.get("security", []))
             assert security == ([{"bearerAuth": []}] if v1 else []), (path, method)

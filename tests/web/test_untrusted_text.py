@@ -1,4 +1,4 @@
-"""Text from outside printed or stored as it came (SPEC §14): a gateway's
+"""Text from outside printed or stored as it came (docs/design.md): a gateway's
 decline code is bounded and printable before it is stored, and
 ``paycron dlq list`` escapes control characters, so no stored text can forge
 an output line."""

@@ -1,4 +1,4 @@
-"""Webhook endpoints per actor (SPEC §14): at most MAX_WEBHOOK_ENDPOINTS
+"""Webhook endpoints per actor (docs/design.md): at most MAX_WEBHOOK_ENDPOINTS
 live ones, bound held under concurrent registrations; the list is paginated."""
 
 from __future__ import annotations

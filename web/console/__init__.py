@@ -1,4 +1,4 @@
-"""The operator console at ``/console/`` (SPEC §16): server-rendered pages
+"""The operator console at ``/console/`` (docs/operations.md): server-rendered pages
 (Jinja) over the engine's own reads and the dead-letter tools.
 
 Served by the web process only when ``CONSOLE_SECRET_KEY`` is set. Every
@@ -12,7 +12,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from flask import Blueprint, Flask, render_template, request
+from markupsafe import Markup, escape
 
+from paycron.domain.money import major_units
 from paycron.limits.breaker import CircuitBreaker
 from web.console import reads
 from web.console.session import ConsoleRefused, ConsoleSessionInterface, csrf_token
@@ -20,6 +22,17 @@ from web.console.session import ConsoleRefused, ConsoleSessionInterface, csrf_to
 bp = Blueprint(
     "console", __name__, url_prefix="/console", template_folder="templates", static_folder="static"
 )
+
+
+def money(amount_minor: int | None, currency: str | None) -> Markup:
+    """An amount as people read it, in major units with its currency's
+    decimals (``500.03 USD``, ``500 JPY``, ``5.120 BHD``); the stored minor
+    units on hover (the title), as the API and the database have them."""
+    if amount_minor is None or not currency:
+        return Markup("—")
+    return Markup('<span class="money" title="{} minor units">{} {}</span>').format(
+        amount_minor, major_units(amount_minor, currency), escape(currency)
+    )
 
 
 def utc(value: datetime | None) -> str:
@@ -63,7 +76,7 @@ def install(app: Flask, *, breaker: CircuitBreaker) -> None:
     )
     app.permanent_session_lifetime = timedelta(minutes=config.console_session_minutes)
     app.jinja_env.filters.update(utc=utc, age=age)
-    app.jinja_env.globals.update(csrf_token=csrf_token)
+    app.jinja_env.globals.update(csrf_token=csrf_token, money=money)
     pool = app.extensions["paycron.pool"]
     clock = app.extensions["paycron.clock"]
 

@@ -136,8 +136,10 @@ LIMIT %(limit)s;
 -- created_at, id) (webhook_endpoints_actor_idx), each with its delivery
 -- backlog: the events past its cursor, counted up to %(count_cap)s
 -- (payment_events_feed_idx), the oldest one's time, and how its delivery
--- went so far. The page is cut before the backlog is looked at, so only
--- its endpoints are.
+-- went so far, and the endpoint's latest answer to any event (the newest
+-- delivery by the primary key, so an endpoint that is caught up still shows
+-- how its last delivery went). The page is cut before the backlog is looked
+-- at, so only its endpoints are.
 WITH page AS (
     SELECT id, actor, url, created_at, next_attempt_at, lease_until, cursor_txid,
            cursor_event_id, created_snapshot
@@ -149,7 +151,9 @@ WITH page AS (
 )
 SELECT w.id, w.actor, w.url, w.created_at, w.next_attempt_at, w.lease_until,
        backlog.n AS backlog, head.id AS head_event_id, head.created_at AS oldest_event_at,
-       d.attempts AS head_attempts, d.last_status, d.last_error, d.last_attempt_at
+       d.attempts AS head_attempts, d.last_status, d.last_error, d.last_attempt_at,
+       latest.last_status AS latest_status, latest.last_error AS latest_error,
+       latest.last_attempt_at AS latest_attempt_at
 FROM page w
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM (
@@ -167,4 +171,10 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) head ON true
 LEFT JOIN webhook_deliveries d ON d.endpoint_id = w.id AND d.event_id = head.id
+LEFT JOIN LATERAL (
+    SELECT l.last_status, l.last_error, l.last_attempt_at FROM webhook_deliveries l
+    WHERE l.endpoint_id = w.id
+    ORDER BY l.event_id DESC
+    LIMIT 1
+) latest ON true
 ORDER BY w.actor, w.created_at, w.id;

@@ -60,7 +60,7 @@ def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
     if status == 409:
         # Our key is being processed by another request (a zombie's call, or
         # one the processor still runs after our timeout): its outcome is
-        # unknown to us until we ask again. Not a failure (SPEC §3).
+        # unknown to us until we ask again. Not a failure (docs/design.md).
         return CallResult(Outcome.KEY_IN_USE, error_code="idempotency_key_in_use", in_doubt=True)
     if status >= 500:
         # A 5xx may come from behind the charge: treat it as in doubt. One the

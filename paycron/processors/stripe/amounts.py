@@ -1,5 +1,5 @@
 """Stripe's rules for an amount in a currency, checked when a payment is
-created (SPEC §12 "Create-time checks"): a 400 now rather than a charge
+created (docs/api.md, Stripe's amount rules): a 400 now rather than a charge
 Stripe refuses at the due date, months later.
 
 From Stripe's "Supported currencies" page (https://docs.stripe.com/currencies):
@@ -26,7 +26,7 @@ From Stripe's "Supported currencies" page (https://docs.stripe.com/currencies):
   can do without exchange rates. A currency without a row has no minimum
   here beyond the API's own (> 0).
 
-The engine's ``amount`` is already in Stripe's minor units (SPEC §4: integer
+The engine's ``amount`` is already in Stripe's minor units (docs/api.md: integer
 minor units), so nothing is converted: these rules only refuse.
 """
 

@@ -2,7 +2,7 @@
 
 The SDK takes any :class:`stripe.HTTPClient`; this one gives it what the
 engine needs and the SDK's own clients do not: a **total** timeout per call
-(a call never outlives its lease: SPEC §3; the SDK's clients take one
+(a call never outlives its lease: docs/design.md; the SDK's clients take one
 timeout at construction), set by the adapter around each call; one
 thread-safe keep-alive pool shared by a worker's call threads; and errors
 that say whether the request left us (a refused connection is a definitive
@@ -47,8 +47,17 @@ class PooledHttpClient(stripe.HTTPClient):
         finally:
             self._local.seconds = None
 
-    def request(
-        self, method: str, url: str, headers: Mapping[str, str] | None, post_data=None
+    # The SDK annotates the body as str, but its own clients answer bytes and
+    # it decodes them itself (a body that is not UTF-8 becomes its APIError):
+    # so do we, and the override's return type differs from the annotation.
+    def request(  # type: ignore[override]
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None,
+        post_data=None,
+        *,
+        _usage: list[str] | None = None,
     ) -> tuple[bytes, int, Mapping[str, str]]:
         seconds = getattr(self._local, "seconds", None) or self._seconds
         try:

@@ -1,4 +1,4 @@
--- Execution at a real processor's latency (SPEC §3, §13).
+-- Execution at a real processor's latency (docs/design.md).
 --
 -- KEY_IN_USE: the processor answered 409 "idempotency key in use": an
 -- earlier call with this key is still running there. Not a failure: no

@@ -1,4 +1,4 @@
--- Fair claiming (SPEC §14): one payer's backlog never starves another's.
+-- Fair claiming (docs/design.md): one payer's backlog never starves another's.
 -- The sweep walks the payers that have due work (a loose index scan: one
 -- probe per payer, however deep each backlog is) and takes each payer's
 -- oldest rows in turn. Partial, like the sweep index: only PENDING rows.

@@ -1,4 +1,4 @@
--- A real processor (SPEC §3 as amended, §4, §12).
+-- A real processor (docs/design.md, docs/api.md).
 --
 -- payment_method / customer: the processor's opaque tokens (Stripe pm_…,
 -- cus_…), required at create when the configured processor needs them.
@@ -40,7 +40,7 @@ ALTER TABLE attempts
     ADD COLUMN key_generation integer NOT NULL DEFAULT 1 CHECK (key_generation >= 1),
     ADD COLUMN processor text;
 
--- Each processor customer belongs to the first actor that names it (SPEC §12):
+-- Each processor customer belongs to the first actor that names it (docs/design.md):
 -- another actor naming it is refused at create.
 CREATE TABLE customers (
     processor   text        NOT NULL,

@@ -1,4 +1,4 @@
--- The operator console (SPEC §16): the indexes its lists need, nothing else.
+-- The operator console (docs/operations.md): the indexes its lists need, nothing else.
 --
 -- Payments that wait on someone: AWAITING_GATEWAY (the processor will tell;
 -- the status arrives with its own migration, and until then this index is

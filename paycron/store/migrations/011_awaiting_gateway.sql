@@ -1,4 +1,4 @@
--- Outcomes that arrive days later (SPEC §3 AWAITING_GATEWAY, §12 asynchronous
+-- Outcomes that arrive days later (AWAITING_GATEWAY, asynchronous; docs/design.md:
 -- outcomes): a bank debit the processor accepted and will settle later.
 --
 -- AWAITING_GATEWAY: not claimed, not reaped, not cancellable, not refundable

@@ -17,6 +17,10 @@ SELECT pg_advisory_unlock(%(key)s);
 -- Names of the migrations already applied.
 SELECT name FROM schema_migrations ORDER BY name;
 
+-- name: migrations_table_exists
+-- Whether the ledger of applied migrations exists (a database never migrated has none).
+SELECT to_regclass('schema_migrations') IS NOT NULL AS present;
+
 -- name: record_migration
 -- Record one applied migration.
 INSERT INTO schema_migrations (name) VALUES (%(name)s);
@@ -106,3 +110,22 @@ WHERE due_at < %(cutoff)s
 -- name: set_lock_timeout
 -- For this transaction only.
 SET LOCAL lock_timeout = '2s';
+
+-- name: live_bound
+-- Every payment not yet terminal is due at or after this (migration 012).
+SELECT due_from FROM live_bound;
+
+-- name: partition_has_unsettled_rows
+-- Any payment in the partition not yet terminal? (Locked first: no write
+-- can make one live between this check and the raise of the bound.)
+SELECT EXISTS (SELECT 1 FROM {name}
+               WHERE status IN ('PENDING', 'PROCESSING', 'AWAITING_GATEWAY')) AS live;
+
+-- name: raise_live_bound
+-- Past a settled day, unless a writer lowered the bound meanwhile, and never
+-- past the start of the day before yesterday on the database's clock (rows
+-- due within the last day do not fire the triggers that lower it).
+UPDATE live_bound SET due_from = %(to)s
+WHERE due_from = %(from)s
+  AND %(to)s <= date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '2 days'
+RETURNING due_from;

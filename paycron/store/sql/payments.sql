@@ -76,3 +76,11 @@ WHERE id = ANY(%(ids)s::uuid[]) AND due_at = ANY(%(due_ats)s::timestamptz[])
 -- and the replay answers only once the payment it returns is on the standby.
 UPDATE idempotency_keys SET request_hash = request_hash
 WHERE actor = %(actor)s AND key = %(key)s;
+
+-- name: notify_due
+-- A payment falls due within the sweep interval: wake the sweepers (they
+-- LISTEN on this channel; delivered at commit, so the row is visible).
+NOTIFY paycron_due;
+
+-- name: listen_due
+LISTEN paycron_due;

@@ -24,7 +24,7 @@ SELECT
      WHERE status = 'AWAITING_GATEWAY' AND due_at <= %(now)s) AS oldest_awaiting_age,
     (SELECT count(*) FROM dead_letters WHERE resolution IS NULL) AS dlq_open,
     -- first called at another processor than the configured one: never
-    -- claimed here (SPEC §3), waiting for an operator
+    -- claimed here (docs/design.md), waiting for an operator
     (SELECT count(*) FROM payments
      WHERE status = 'PENDING' AND processor <> %(processor)s
        AND due_at <= %(now)s) AS other_processor,

@@ -7,6 +7,7 @@
 -- plan_cache_mode = force_custom_plan, see paycron/store/db.py).
 
 -- name: cancel
+-- transition: PENDING -> CANCELLED
 -- PENDING -> CANCELLED, only while no earlier call may have charged.
 WITH cancelled AS (
     UPDATE payments SET status = 'CANCELLED', updated_at = now()
@@ -22,7 +23,7 @@ SELECT id FROM cancelled;
 -- name: lock_due_fairly
 -- The claim, step 1 (one transaction with claim_locked): lock up to
 -- %(limit)s due PENDING rows, shared across payers round-robin and oldest
--- first within each payer (SPEC §14): each payer with due work gets an equal
+-- first within each payer (docs/design.md): each payer with due work gets an equal
 -- share of the batch, and the rows come back as every payer's oldest, then
 -- every payer's second, ... A FIFO over run_at let one payer's backlog of
 -- 1,500 hold another payer's 15 back by 15 s at 100/s. A payer with less
@@ -36,16 +37,20 @@ SELECT id FROM cancelled;
 -- lets Postgres prune every future partition at PLAN time: with now() it
 -- prunes only at run time, after locking and planning all ~375 partitions
 -- (1,878 locks per claim instead of 13, measured on PostgreSQL 15).
+-- due_at >= %(live_from)s (the live bound, migration 012: no payment below it
+-- is PENDING) prunes the settled past days the same way, so planning does not
+-- grow with the days kept attached for the retention (bench/sweep_history.py).
 -- A payment first called at another processor than %(processor)s is never
--- claimed (SPEC §3: one processor per payment): it waits for an operator.
+-- claimed (docs/design.md: one processor per payment): it waits for an operator.
 WITH RECURSIVE payers(payer) AS (
     (SELECT payer FROM payments
      WHERE status = 'PENDING' AND run_at <= now() AND due_at <= %(now)s
+       AND due_at >= %(live_from)s
      ORDER BY payer LIMIT 1)
     UNION ALL
     SELECT (SELECT p.payer FROM payments p
             WHERE p.status = 'PENDING' AND p.run_at <= now() AND p.due_at <= %(now)s
-              AND p.payer > payers.payer
+              AND p.due_at >= %(live_from)s AND p.payer > payers.payer
             ORDER BY p.payer LIMIT 1)
     FROM payers WHERE payers.payer IS NOT NULL
 ), share AS (
@@ -58,7 +63,7 @@ WITH RECURSIVE payers(payer) AS (
     CROSS JOIN LATERAL (
         SELECT id, due_at, run_at FROM payments
         WHERE payer = payers.payer AND status = 'PENDING' AND run_at <= now()
-          AND due_at <= %(now)s
+          AND due_at <= %(now)s AND due_at >= %(live_from)s
           AND (processor IS NULL OR processor = %(processor)s)
         ORDER BY run_at LIMIT share.rows_each
         FOR UPDATE SKIP LOCKED
@@ -67,18 +72,30 @@ WITH RECURSIVE payers(payer) AS (
 )
 SELECT id, due_at FROM turns ORDER BY turn, run_at, id LIMIT %(limit)s;
 
+-- name: next_due_wait
+-- Seconds until the sweep next has work, on the database's clock: the
+-- earliest run_at still ahead among PENDING rows due by %(until)s (null:
+-- none before then). Only rows still ahead: one due but left unclaimed (a
+-- payment of another processor) never makes the sweep spin. The sweep index
+-- gives each pruned partition's first run_at.
+SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 AS seconds
+FROM payments
+WHERE status = 'PENDING' AND run_at > clock_timestamp() AND run_at <= %(until)s
+  AND due_at <= %(until)s AND due_at >= %(live_from)s;
+
 -- name: count_queued
 -- Claims waiting for their call (PROCESSING, no attempt row yet): the sweep
 -- keeps only about two seconds of the ceiling queued beyond what is in
--- flight, so a later payer's claim is never behind a long FIFO (SPEC §14).
+-- flight, so a later payer's claim is never behind a long FIFO (docs/design.md).
 -- The reaper's partial index finds PROCESSING rows; future partitions are
 -- pruned at plan time as in lock_due_fairly.
 SELECT count(*) AS n FROM payments p
-WHERE p.status = 'PROCESSING' AND p.due_at <= %(now)s
+WHERE p.status = 'PROCESSING' AND p.due_at <= %(now)s AND p.due_at >= %(live_from)s
   AND NOT EXISTS (SELECT 1 FROM attempts a
                   WHERE a.payment_id = p.id AND a.attempt = p.attempt);
 
 -- name: claim_locked
+-- transition: PENDING -> PROCESSING
 -- The claim, step 2: PENDING -> PROCESSING for the rows step 1 locked,
 -- stamping a lease and attempt + 1, with their events. A separate statement
 -- naming the rows (not an UPDATE joined to the locking subquery) because,
@@ -126,7 +143,8 @@ WITH claim AS (
       AND (p.processor IS NULL OR p.processor = %(processor)s)
     RETURNING p.id, p.due_at, p.attempt, p.payer, p.amount_minor, p.currency, p.failures,
               p.in_doubt, p.key_in_use, p.customer, p.payment_method, p.key_generation,
-              p.gateway_intent_id, p.calls_land_by, p.in_doubt_since
+              p.gateway_intent_id, p.calls_land_by, p.in_doubt_since, p.lease_expiries,
+              p.processor
 ), started AS (
     INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor,
                           outcome, worker, due_at)
@@ -140,6 +158,7 @@ WITH claim AS (
 SELECT f.*, s.started_at FROM fenced f JOIN started s ON s.payment_id = f.id;
 
 -- name: finish_attempts
+-- transition: PROCESSING -> PENDING, AWAITING_GATEWAY, COMPLETED, FAILED
 -- Each call's outcome on its own attempt row (also after the reaper marked
 -- it LEASE_EXPIRED: the real outcome wins), then the payment's CAS fenced on
 -- the attempt (a zombie changes no status), an event per outcome, and a
@@ -164,7 +183,7 @@ WITH outcome AS (
 ), moved AS (
     -- in_doubt_since: when the oldest unresolved call was made (the key
     -- retention rule), kept while in doubt, cleared with the doubt.
-    -- calls_land_by, the in-flight bound (SPEC §3): a call that may still
+    -- calls_land_by, the in-flight bound (docs/design.md): a call that may still
     -- land (sent, no definitive answer, not a replay) can land until its
     -- lease end + call timeout + the processor's settle margin.
     UPDATE payments p
@@ -214,7 +233,8 @@ WITH outcome AS (
     SELECT o.id, o.due_at, o.payer, o.failure_reason, o.error_code
     FROM outcome o JOIN moved m ON m.id = o.id
     WHERE m.status = 'FAILED'
-      AND o.failure_reason IN ('RETRIES_EXHAUSTED', 'LOOKUP_MISMATCH', 'GATEWAY_REJECTED')
+      AND o.failure_reason IN ('RETRIES_EXHAUSTED', 'LOOKUP_MISMATCH', 'GATEWAY_REJECTED',
+                               'LEASE_EXPIRED_REPEATEDLY')
     ON CONFLICT (payment_id) WHERE resolution IS NULL DO NOTHING
 )
 SELECT o.id, f.payment_id IS NOT NULL AS recorded, m.id IS NOT NULL AS moved, m.status
@@ -222,9 +242,65 @@ FROM outcome o
 LEFT JOIN finished f ON f.payment_id = o.id
 LEFT JOIN moved m ON m.id = o.id;
 
+-- name: complete_late_success
+-- transition: FAILED -> COMPLETED
+-- A call whose answer came after its payment was parked in doubt (a hung
+-- worker's late SUCCEEDED, already on its own attempt row): the payment is
+-- FAILED only because nobody knew; the money moved, so it is COMPLETED by
+-- CAS (only from FAILED in doubt, only for an attempt row that says
+-- SUCCEEDED), with its event, and its open dead letter resolved.
+WITH late AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[],
+                         %(gateway_refs)s::text[])
+        AS l(id, due_at, attempt, gateway_ref)
+), completed AS (
+    UPDATE payments p
+    SET status = 'COMPLETED', failure_reason = NULL, in_doubt = false, in_doubt_since = NULL,
+        updated_at = now()
+    FROM late l
+    WHERE p.id = l.id AND p.due_at = l.due_at AND p.status = 'FAILED' AND p.in_doubt
+      AND p.attempt >= l.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      AND EXISTS (SELECT 1 FROM attempts a
+                  WHERE a.payment_id = l.id AND a.attempt = l.attempt
+                    AND a.outcome = 'SUCCEEDED')
+    RETURNING p.id, p.payer, p.attempt, l.attempt AS late_attempt, l.gateway_ref
+), events AS (
+    INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
+    SELECT id, payer, 'payment.completed', 'COMPLETED', attempt,
+           jsonb_strip_nulls(jsonb_build_object(
+               'outcome', 'SUCCEEDED', 'gatewayRef', gateway_ref, 'lateAttempt', late_attempt))
+    FROM completed
+), resolved AS (
+    UPDATE dead_letters d
+    SET resolution = 'COMPLETED', resolved_by = %(actor)s, resolved_at = now(),
+        note = 'a late answer of attempt ' || c.late_attempt || ': charged'
+    FROM completed c
+    WHERE d.payment_id = c.id AND d.resolution IS NULL
+)
+SELECT id FROM completed;
+
+-- name: lock_claims_to_release
+-- A release, step 1 (one transaction with release_claims): lock the claims
+-- still held as claimed, so that step 2, a statement of its own, sees every
+-- attempt row a worker's start committed before the lock was granted (a
+-- single UPDATE re-checking a locked row would judge NOT EXISTS on its old
+-- snapshot and release a started claim).
+SELECT p.id FROM payments p
+JOIN unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
+    AS c(id, due_at, attempt) ON p.id = c.id AND p.due_at = c.due_at
+WHERE p.status = 'PROCESSING' AND p.attempt = c.attempt
+  AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+ORDER BY p.id
+FOR UPDATE OF p;
+
 -- name: release_claims
--- The breaker is open: give held claims back without a call and without
--- using budget. run_at is kept, so the backlog drains oldest-first later.
+-- transition: PROCESSING -> PENDING
+-- Give held claims back without a call and without using budget (the
+-- breaker is open, or the broker refused the message): run_at is kept, so
+-- the backlog drains oldest-first later. Fenced on what a worker's start
+-- writes: a claim whose attempt row exists was started (its call may
+-- charge) and is never handed back; a message delivered after its release
+-- finds the claim gone and is dropped by start's fence.
 WITH claim AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
         AS c(id, due_at, attempt)
@@ -234,10 +310,13 @@ WITH claim AS (
     FROM claim c
     WHERE p.id = c.id AND p.due_at = c.due_at AND p.status = 'PROCESSING'
       AND p.attempt = c.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      AND NOT EXISTS (SELECT 1 FROM attempts a
+                      WHERE a.payment_id = c.id AND a.attempt = c.attempt)
     RETURNING p.id, p.payer, p.attempt
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
-    SELECT id, payer, 'payment.released', 'PENDING', attempt, '{"reason": "circuit_open"}'
+    SELECT id, payer, 'payment.released', 'PENDING', attempt,
+           jsonb_build_object('reason', %(reason)s::text)
     FROM released
 )
 SELECT id FROM released;
@@ -254,11 +333,13 @@ SELECT p.id, p.due_at, p.attempt, p.lease_expiries, p.failures, p.in_doubt,
 FROM payments p
 LEFT JOIN attempts a ON a.payment_id = p.id AND a.attempt = p.attempt
 WHERE p.status = 'PROCESSING' AND p.lease_until < now() AND p.due_at <= %(now)s
+  AND p.due_at >= %(live_from)s
 ORDER BY p.lease_until
 LIMIT %(limit)s
 FOR UPDATE OF p SKIP LOCKED;
 
 -- name: reap_locked
+-- transition: PROCESSING -> PENDING, FAILED
 -- The reap, step 2: each locked row to the state the policy decided
 -- (PENDING, or FAILED LEASE_EXPIRED_REPEATEDLY), guarded again on status +
 -- lease + attempt so a row that completed is never overwritten (River
@@ -268,8 +349,8 @@ FOR UPDATE OF p SKIP LOCKED;
 WITH decided AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[],
                          %(statuses)s::text[], %(failure_reasons)s::text[],
-                         %(in_doubts)s::bool[])
-        AS d(id, due_at, attempt, status, failure_reason, in_doubt)
+                         %(in_doubts)s::bool[], %(counteds)s::bool[])
+        AS d(id, due_at, attempt, status, failure_reason, in_doubt, counted)
 ), marked AS (
     UPDATE attempts a SET outcome = 'LEASE_EXPIRED', finished_at = now()
     FROM decided d
@@ -279,7 +360,8 @@ WITH decided AS (
     UPDATE payments p
     SET status = d.status,
         failure_reason = d.failure_reason,
-        lease_expiries = p.lease_expiries + 1,
+        -- only an expiry whose call was in flight counts (policy.counts_expiry)
+        lease_expiries = p.lease_expiries + CASE WHEN d.counted THEN 1 ELSE 0 END,
         in_doubt = d.in_doubt,
         in_doubt_since = CASE WHEN d.in_doubt
                               THEN coalesce(p.in_doubt_since, m.started_at, now()) END,
@@ -299,7 +381,11 @@ WITH decided AS (
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
     SELECT id, payer, 'payment.' || lower(status), status, attempt,
-           jsonb_build_object('reason', 'lease_expired', 'inDoubt', in_doubt)
+           jsonb_strip_nulls(jsonb_build_object(
+               'reason', 'lease_expired', 'inDoubt', in_doubt,
+               'failureReason', CASE WHEN status = 'FAILED' THEN 'LEASE_EXPIRED_REPEATEDLY' END,
+               -- parked in doubt: the outcome is unknown, a charge may exist
+               'outcomeUnknown', CASE WHEN status = 'FAILED' AND in_doubt THEN true END))
     FROM reaped
 ), parked AS (
     INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error)
@@ -310,6 +396,7 @@ WITH decided AS (
 SELECT id, status, in_doubt FROM reaped;
 
 -- name: complete_from_gateway
+-- transition: FAILED, PENDING -> COMPLETED
 -- FAILED or PENDING -> COMPLETED because the gateway holds a charge for the
 -- payment (a lookup by reference, or the settlement report): attempt + 1 for
 -- the audit row that records how we learned it, an event, and the open dead
@@ -343,11 +430,13 @@ WITH completed AS (
 SELECT id, attempt FROM completed;
 
 -- name: redrive
+-- transition: FAILED -> PENDING
 -- A parked payment back to PENDING with a fresh budget and the next key
 -- generation (the processor may replay a stored answer for the old key),
 -- after a lookup found nothing conclusively (paycron.engine.dead_letters). Only
 -- RETRIES_EXHAUSTED and LEASE_EXPIRED_REPEATEDLY: a decline needs a new
--- payment.
+-- payment. Only when the lookup was asked at the payment's own processor
+-- (%(processor)s; another processor's "nothing" is no answer).
 WITH redriven AS (
     UPDATE payments
     SET status = 'PENDING', failure_reason = NULL, failures = 0, lease_expiries = 0,
@@ -357,6 +446,7 @@ WITH redriven AS (
     WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
       AND status = 'FAILED'
       AND failure_reason IN ('RETRIES_EXHAUSTED', 'LEASE_EXPIRED_REPEATEDLY')
+      AND (%(processor)s::text IS NULL OR processor IS NULL OR processor = %(processor)s)
     RETURNING id, payer, attempt
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
@@ -372,8 +462,9 @@ WITH redriven AS (
 SELECT id FROM redriven;
 
 -- name: await_from_lookup
+-- transition: FAILED, PENDING -> AWAITING_GATEWAY
 -- FAILED or PENDING -> AWAITING_GATEWAY because a lookup found the processor
--- still processing a payment for it (a re-drive, SPEC §3): attempt + 1 for
+-- still processing a payment for it (a re-drive, docs/design.md): attempt + 1 for
 -- the audit row of the lookup, an event, the open dead letter resolved.
 WITH waiting AS (
     UPDATE payments
@@ -407,6 +498,7 @@ WITH waiting AS (
 SELECT id, attempt FROM waiting;
 
 -- name: settle_awaiting
+-- transition: AWAITING_GATEWAY -> COMPLETED, FAILED
 -- AWAITING_GATEWAY -> COMPLETED or FAILED (DECLINED) from the processor's
 -- truth (its payment retrieved after a signed event, or by the poller),
 -- fenced on the processor-side payment the row waits for: an event about
@@ -449,9 +541,12 @@ SELECT id, status FROM settled;
 -- asked, so no connection waits on a call, two schedulers never poll one
 -- payment at once (SKIP LOCKED), and a crash only delays a poll. Every
 -- waiting payment is due in the past: %(now)s prunes future partitions.
+-- Only payments waiting at %(processor)s, the processor this scheduler can
+-- ask: another processor's answer about them would be no answer.
 WITH due AS (
     SELECT id, due_at FROM payments
     WHERE status = 'AWAITING_GATEWAY' AND next_poll_at <= now() AND due_at <= %(now)s
+      AND processor = %(processor)s
     ORDER BY next_poll_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
