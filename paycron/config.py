@@ -165,6 +165,15 @@ class Config:
     default_currency: str = setting("USD", str.upper)
     #: A request body larger than this is refused (413).
     max_body_bytes: int = setting(65536, int)
+    #: Items one batch create may carry (web/batches.py): 1,000 payments are
+    #: about 150 KB of JSON and one set-based write of a few tens of ms, well
+    #: inside WEB_STATEMENT_TIMEOUT; a month's import is then a few thousand
+    #: requests. At most API_RATE_BURST, since a batch costs one token per item.
+    batch_max_items: int = setting(1000, int)
+    #: A batch create's body limit (MAX_BODY_BYTES is every other body's):
+    #: 2 MiB holds a full batch whose every text field is at its longest
+    #: (an item is at most about 1.1 KB of ASCII).
+    max_batch_body_bytes: int = setting(2 * 1024 * 1024, int)
     #: Settled day partitions older than this are detached (their keys forgotten).
     partition_retention_days: int = setting(90, int)
     #: Partitions created past the horizon, so a create at the horizon's edge
@@ -254,6 +263,12 @@ class Config:
             raise ConfigError("CIRCUIT_FAILURE_RATIO must be in (0, 1]")
         if self.api_rate_limit < 1 or self.api_rate_burst < 1:
             raise ConfigError("API_RATE_LIMIT and API_RATE_BURST must be >= 1")
+        if self.batch_max_items < 1 or self.batch_max_items > self.api_rate_burst:
+            # a batch is charged one token per item, all at once: a larger
+            # one could never be granted
+            raise ConfigError("BATCH_MAX_ITEMS must be between 1 and API_RATE_BURST")
+        if self.max_batch_body_bytes < 1:
+            raise ConfigError("MAX_BATCH_BODY_BYTES must be >= 1")
         if self.max_webhook_endpoints < 0:
             raise ConfigError("MAX_WEBHOOK_ENDPOINTS must be >= 0")
         if self.gateway_max_in_flight < self.group_size:

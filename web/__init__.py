@@ -18,6 +18,7 @@ from paycron.store.apikeys import PrincipalCache
 from paycron.store.db import make_pool, make_redis
 from web import (
     admin,
+    batches,
     console,
     events,
     gateway_events,
@@ -32,7 +33,15 @@ from web.problems import register_error_handlers
 from web.schemas import now_utc
 
 #: The API's blueprints: the routes ``/openapi.json`` documents (docs/api.md too).
-API_BLUEPRINTS = (health.bp, payments.bp, admin.bp, events.bp, webhooks.bp, gateway_events.bp)
+API_BLUEPRINTS = (
+    health.bp,
+    payments.bp,
+    batches.bp,
+    admin.bp,
+    events.bp,
+    webhooks.bp,
+    gateway_events.bp,
+)
 
 
 def create_app(config: Config | None = None, clock: Callable[[], datetime] = now_utc) -> Flask:

@@ -20,6 +20,7 @@ from flask import Flask, current_app, request
 from marshmallow import EXCLUDE, Schema
 from webargs import core
 from webargs.flaskparser import FlaskParser
+from werkzeug.routing import BaseConverter
 
 from web.bodies import json_object
 from web.problems import ProblemSchema, http_problem, refusal
@@ -104,6 +105,16 @@ def json_body(component: str) -> dict:
     return {"required": True, "content": {JSON: {"schema": component}}}
 
 
+class ResourceId(BaseConverter):
+    """``/<id:name>``: a resource's id in a path, any segment but the names of
+    a collection's own routes (``batch``). Without it
+    ``/v1/scheduled-payments/batch`` would also be a payment's URL, and its
+    OPTIONS would offer that payment's GET and DELETE. The view's own schema
+    checks the id (``web.schemas.PathId``)."""
+
+    regex = r"(?!batch$)[^/]+"
+
+
 class Api(flask_smorest.Api):
     """The API of one app, serving its document at ``GET /openapi.json``."""
 
@@ -111,6 +122,7 @@ class Api(flask_smorest.Api):
     DEFAULT_ERROR_RESPONSE_NAME = None  # every operation lists the refusals it makes
 
     def __init__(self, app: Flask):
+        app.url_map.converters["id"] = ResourceId
         app.config.update(
             API_TITLE="paycron",
             API_VERSION="1",
@@ -131,6 +143,7 @@ class Api(flask_smorest.Api):
                 },
             },
         )
+        self.register_converter(ResourceId, lambda converter: {"type": "string"})
         self.spec.components.security_scheme(
             BEARER,
             {

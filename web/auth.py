@@ -3,7 +3,10 @@
 Each decorator documents what it enforces (the security requirement, the
 401 and the 429), so no route can require a key without the document saying
 so. Once the key is known, the request is charged to its actor's rate limit
-(``paycron.limits.rate_limits``); a request without a valid key is charged to no one.
+(``paycron.limits.rate_limits``): one token, or, for a view that knows its
+cost only from its body (a batch create: one per item), what the view
+charges itself (:func:`charge`). A request without a valid key is charged
+to no one.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ _NOT_ADMIN = {
 }
 
 
-def _principal() -> Principal:
+def _principal(*, charged: bool = True) -> Principal:
     header = request.headers.get("Authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
@@ -55,17 +58,28 @@ def _principal() -> Principal:
             "api.unauthorized", "refused", target=request_target(), reason="unknown or revoked key"
         )
         raise Problem(401, "UNAUTHENTICATED", "the API key is unknown or revoked")
-    current_app.extensions["paycron.rate_limiter"].charge(principal.actor)
+    if charged:
+        charge(principal.actor)
     return principal
 
 
-def require_key(view):
+def charge(actor: str, tokens: int = 1) -> None:
+    """Take ``tokens`` from ``actor``'s rate limit, all or none (429 when
+    they are not all there)."""
+    current_app.extensions["paycron.rate_limiter"].charge(actor, tokens)
+
+
+def require_key(view=None, *, charged: bool = True):
     """Views under it see ``g.principal``. Place it above ``@bp.arguments``,
-    so a request without a key is a 401 whatever else is wrong with it."""
+    so a request without a key is a 401 whatever else is wrong with it.
+    ``charged=False``: the view charges the actor itself (:func:`charge`)
+    before it writes anything."""
+    if view is None:
+        return lambda inner: require_key(inner, charged=charged)
 
     @wraps(view)
     def wrapper(*args, **kwargs):
-        g.principal = _principal()
+        g.principal = _principal(charged=charged)
         return view(*args, **kwargs)
 
     return Blueprint.doc(

@@ -456,7 +456,7 @@ def _created(payment: dict, replayed: bool):
     return payment, headers
 
 
-@bp.get("/<payment_id>")
+@bp.get("/<id:payment_id>")
 @require_key
 @bp.path(PaymentPath())
 @bp.response(200, PaymentSchema, description="The payment.")
@@ -470,7 +470,7 @@ def show(payment_id: UUID):
     return row
 
 
-@bp.delete("/<payment_id>")
+@bp.delete("/<id:payment_id>")
 @require_key
 @bp.path(PaymentPath())
 @bp.response(200, CancelledSchema, description="Cancelled. The payment stays readable.")

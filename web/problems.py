@@ -122,7 +122,8 @@ TOO_LARGE = problem("The body is larger than MAX_BODY_BYTES (BODY_TOO_LARGE).")
 NOT_JSON = problem("The body is not application/json (UNSUPPORTED_MEDIA_TYPE).")
 
 
-def problem_response(status: int, code: str, detail: str, errors: dict | None = None):
+def problem_body(status: int, code: str, detail: str, errors: dict | None = None) -> dict:
+    """The problem details of a refusal, as a dict (``ProblemSchema``'s)."""
     body = {
         "type": f"https://paycron.dev/problems/{code.lower().replace('_', '-')}",
         "title": code.replace("_", " ").capitalize(),
@@ -132,7 +133,17 @@ def problem_response(status: int, code: str, detail: str, errors: dict | None = 
     }
     if errors:
         body["errors"] = errors
-    response = jsonify(_problem.dump(body))
+    return _problem.dump(body)
+
+
+def error_body(error: PaycronError) -> dict:
+    """A domain error's problem details (a batch item's refusal)."""
+    errors = error.messages if isinstance(error, ValidationFailed) else None
+    return problem_body(status_for(error), error.code, str(error), errors)
+
+
+def problem_response(status: int, code: str, detail: str, errors: dict | None = None):
+    response = jsonify(problem_body(status, code, detail, errors))
     response.status_code = status
     response.mimetype = PROBLEM_JSON
     if status == 401:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields
+from marshmallow.utils import missing as missing_
 
 from paycron.domain.enums import FailureReason, Outcome, Status
 from paycron.domain.money import is_minor_units
@@ -153,6 +154,76 @@ class Cursor(fields.String):
     def _deserialize(self, value, attr, data, **kwargs):
         text = super()._deserialize(value, attr, data, **kwargs)
         return self.decode(text) if text else None
+
+
+def _text(value):
+    return None if value is None else str(value)
+
+
+def _integer(value):
+    return None if value is None else int(value)
+
+
+def _boolean(value):
+    return None if value is None else bool(value)
+
+
+def _iso(value):
+    return None if value is None else value.isoformat()
+
+
+#: What each plain field's own ``serialize`` makes of a value, for
+#: :func:`compiled_dump`: the exact classes only (a subclass may differ).
+_PLAIN_SERIALIZERS: dict[type, Callable[[Any], Any]] = {
+    fields.String: _text,
+    fields.UUID: _text,
+    fields.Integer: _integer,
+    fields.Boolean: _boolean,
+}
+
+
+def compiled_dump(schema: Schema) -> Callable[[Any], dict]:
+    """``schema.dump(obj)`` for one object, its fields taken from the schema
+    (names, data keys, attributes, defaults) but each plain one serialized
+    directly: a thousand payments in a batch's answer cost a few ms instead
+    of ~100. A field of another kind is its own ``serialize``; a nested
+    schema is compiled too. For schemas without dump hooks (checked), held
+    equal to ``dump`` by tests/web/test_batch_items.py."""
+    if any(schema._hooks[hook] for hook in ("pre_dump", "post_dump")):
+        raise ValueError(f"{type(schema).__name__} has dump hooks: use dump")
+    plan = []
+    for name, field in schema.dump_fields.items():
+        convert = _PLAIN_SERIALIZERS.get(type(field))
+        if type(field) in (fields.DateTime, fields.AwareDateTime) and field.format in (None, "iso"):
+            convert = _iso
+        if type(field) is fields.Nested and not field.many:
+            inner = compiled_dump(field.schema)
+            convert = lambda value, inner=inner: None if value is None else inner(value)  # noqa: E731
+        plan.append((field.data_key or name, field.attribute or name, field, convert))
+
+    def dump(obj) -> dict:
+        out = {}
+        for key, attribute, field, convert in plan:
+            if convert is None:
+                value = field.serialize(attribute, obj, accessor=schema.get_attribute)
+                if value is not missing_:
+                    out[key] = value
+                continue
+            value = (
+                obj.get(attribute, missing_)
+                if isinstance(obj, dict)
+                else getattr(obj, attribute, missing_)
+            )
+            if value is missing_:
+                value = field.serialize(attribute, obj, accessor=schema.get_attribute)
+                if value is missing_:
+                    continue
+                out[key] = value
+                continue
+            out[key] = convert(value)
+        return out
+
+    return dump
 
 
 class AttemptSchema(ResponseSchema):

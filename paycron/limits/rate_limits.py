@@ -1,10 +1,13 @@
 """Requests per actor: one token bucket per actor in Redis (docs/design.md).
 
-Each request takes one token from its actor's bucket (``token_bucket.lua``,
-the claim pacer's script: one round trip, Redis's clock, so every web
-process shares the bucket). The bucket holds ``API_RATE_BURST`` tokens and
-refills at ``API_RATE_LIMIT`` per second; an empty bucket refuses with
-:class:`RateLimited`. Another actor's bucket is never touched.
+Each request takes one token from its actor's bucket, a batch create one
+per item (``token_bucket.lua``, the claim pacer's script: one round trip,
+Redis's clock, so every web process shares the bucket). A charge takes all
+its tokens at once or none: a batch that does not fit is refused whole,
+before anything is written, and costs nothing. The bucket holds
+``API_RATE_BURST`` tokens and refills at ``API_RATE_LIMIT`` per second; a
+charge it cannot cover refuses with :class:`RateLimited`, whose
+``retry_after`` is when it would fit. Another actor's bucket is never touched.
 
 Availability first: when Redis cannot be asked, the request is served. The
 failure is counted (``paycron_rate_limiter_errors``) and logged at most once
@@ -45,26 +48,27 @@ class ActorRateLimiter:
         self._prefix = f"{config.redis_namespace}:ratelimit:"
         self.rate = config.api_rate_limit
         self.burst = config.api_rate_burst
-        # The script grants only whole tokens, so an empty bucket holds < 1:
-        # the next one is at most 1/rate away.
-        self.retry_after = max(1, math.ceil(1 / self.rate))
         self._clock = clock
         self._lock = threading.Lock()
         self._bypass_until = -math.inf
         self._logged_at = -math.inf
         self._unlogged = 0
 
-    def charge(self, actor: str) -> None:
-        """Take one request from ``actor``'s bucket; :class:`RateLimited` when empty."""
+    def charge(self, actor: str, tokens: int = 1) -> None:
+        """Take ``tokens`` (a request, or a batch's items) from ``actor``'s
+        bucket, all or none; :class:`RateLimited` when they are not all there."""
         if self._clock() < self._bypass_until:
             return
         try:
-            granted = int(self._take(keys=[self._prefix + actor], args=[1, self.rate, self.burst]))
+            granted = int(
+                self._take(keys=[self._prefix + actor], args=[tokens, self.rate, self.burst, "1"])
+            )
         except (redis.RedisError, OSError) as exc:
             self._failed(exc)
             return
-        if granted < 1:
-            raise RateLimited(self.retry_after)
+        if granted < tokens:
+            # the script answers minus the whole tokens still missing
+            raise RateLimited(max(1, math.ceil(-granted / self.rate)))
 
     def _failed(self, exc: Exception) -> None:
         RATE_LIMITER_ERRORS.inc()

@@ -1,10 +1,15 @@
--- Take up to ARGV[1] tokens (a negative ARGV[1] gives tokens back) from a bucket refilled at ARGV[2] tokens/s up to
--- ARGV[3]; returns how many were granted. Time comes from the Redis server,
--- so every scheduler shares one clock and one bucket.
+-- Take tokens from a bucket refilled at ARGV[2] tokens/s up to ARGV[3]; time
+-- comes from the Redis server, so every process shares one clock and one bucket.
+-- ARGV[1] > 0: take up to that many; returns how many were granted (0 to ARGV[1]).
+-- ARGV[1] < 0: give that many back; returns 0.
+-- ARGV[4] = '1' (all or nothing): take exactly ARGV[1] or none; returns ARGV[1]
+-- when granted, else minus the whole tokens still missing (<= -1), so the
+-- caller can say when they will be there. One script run: atomic.
 local key = KEYS[1]
 local want = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local capacity = tonumber(ARGV[3])
+local all_or_nothing = ARGV[4] == '1'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local state = redis.call('HMGET', key, 'tokens', 'at')
@@ -18,6 +23,13 @@ tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
 local granted = 0
 if want < 0 then
   tokens = math.min(capacity, tokens - want)
+elseif all_or_nothing then
+  if tokens >= want then
+    granted = want
+    tokens = tokens - want
+  else
+    granted = -math.ceil(want - tokens)
+  end
 else
   granted = math.min(want, math.floor(tokens))
   tokens = tokens - granted

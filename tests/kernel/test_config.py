@@ -67,6 +67,8 @@ def test_unset_and_empty_variables_keep_the_defaults():
         ("GATEWAY", "paypal"),
         ("GATEWAY", "stripe"),  # a Stripe gateway without STRIPE_API_KEY
         ("GATEWAY_KEY_RETENTION_SECONDS", "10m"),  # shorter than twice the in-flight bound
+        ("BATCH_MAX_ITEMS", "0"),
+        ("BATCH_MAX_ITEMS", "5001"),  # more than API_RATE_BURST: never granted
     ],
 )
 def test_a_bad_value_refuses_to_start_naming_the_variable(name, value):

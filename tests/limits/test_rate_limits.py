@@ -21,7 +21,12 @@ def limited(config):
 
     def make(*, rate: int, burst: int, **overrides):
         app = create_app(
-            config.with_overrides(api_rate_limit=rate, api_rate_burst=burst, **overrides)
+            config.with_overrides(
+                api_rate_limit=rate,
+                api_rate_burst=burst,
+                batch_max_items=min(burst, overrides.pop("batch_max_items", burst)),
+                **overrides,
+            )
         )
         apps.append(app)
         return app.test_client()
@@ -86,3 +91,22 @@ def test_the_openapi_document_states_the_429(client):
     operation = client.get("/openapi.json").json["paths"][URL]["get"]
     answer = operation["responses"]["429"]
     assert "Retry-After" in answer["headers"]
+
+
+def test_a_charge_of_many_takes_all_or_none(config, redis_client):
+    """A bucket of 500 refilled at 1/s: what refills meanwhile never changes an answer."""
+    from paycron.errors import RateLimited
+    from paycron.limits.rate_limits import ActorRateLimiter
+
+    limiter = ActorRateLimiter(
+        redis_client,
+        config.with_overrides(api_rate_limit=1, api_rate_burst=500, batch_max_items=500),
+    )
+    limiter.charge("alice", 300)
+    with pytest.raises(RateLimited) as refused:
+        limiter.charge("alice", 250)  # ~200 left: ~50 more at 1/s
+    assert refused.value.retry_after >= 30
+    limiter.charge("alice", 200)  # the refusal took nothing
+    with pytest.raises(RateLimited):
+        limiter.charge("alice", 60)
+    limiter.charge("bob", 500)

@@ -44,6 +44,15 @@ EXCLUDED_CHECKS: dict[str, dict[str, str]] = {
     },
 }
 
+#: Refusals of schema-violating requests that are documented answers other
+#: than the ones schemathesis expects: the operation, the statuses, and why.
+REFUSALS: dict[str, tuple[list[str], str]] = {
+    "POST /v1/scheduled-payments/batch": (
+        ["400", "401", "413", "415", "429"],
+        "more items than BATCH_MAX_ITEMS (the document's maxItems) is 413 TOO_MANY_ITEMS",
+    ),
+}
+
 
 # -- The document ---------------------------------------------------------------
 
@@ -280,6 +289,22 @@ def _into_the_window(due_at: str, horizon_days: int) -> str:
     )
 
 
+def _into_the_create_window(body: dict, horizon_days: int) -> None:
+    """A drawn create body made as valid as the schema means it: an amount
+    JSON Schema counts as an integer is one, and dueAt is in the window."""
+    amount = body.get("amount")
+    if isinstance(amount, float) and amount.is_integer():
+        # JSON Schema counts 25.0 as an integer; the API refuses it (money is a
+        # JSON integer), which no schema can say. Send the integer instead.
+        body["amount"] = int(amount)
+    due_at = body.get("dueAt")
+    if isinstance(due_at, str) and _DUE_AT.match(due_at):
+        try:
+            body["dueAt"] = _into_the_window(due_at, horizon_days)
+        except ValueError:
+            pass  # matches the pattern, still no date (month 13): stays invalid
+
+
 def _idempotency_key(key: str, body: dict) -> str:
     """The drawn key, made particular to the body: schemathesis draws "0" for
     many bodies, and each reuse is a 409 that hides the create path. The same
@@ -299,6 +324,13 @@ def _config(auth_document: str) -> schemathesis.Config:
             "operations": [
                 {"include-name": name, "checks": {check: {"enabled": False} for check in checks}}
                 for name, checks in EXCLUDED_CHECKS.items()
+            ]
+            + [
+                {
+                    "include-name": name,
+                    "checks": {"negative_data_rejection": {"expected-statuses": statuses}},
+                }
+                for name, (statuses, _why) in REFUSALS.items()
             ],
         }
     )
@@ -336,20 +368,20 @@ def api_schema(app, gateway, make_key, conn, config, tmp_path):
     def map_case(context, case):
         # The one data hook every phase applies, the coverage phase too.
         if case.operation.label == "POST /v1/scheduled-payments" and isinstance(case.body, dict):
-            amount = case.body.get("amount")
-            if isinstance(amount, float) and amount.is_integer():
-                # JSON Schema counts 25.0 as an integer; docs/api.md refuses it (money is
-                # a JSON integer), which no schema can say. Send the integer instead.
-                case.body["amount"] = int(amount)
-            due_at = case.body.get("dueAt")
-            if isinstance(due_at, str) and _DUE_AT.match(due_at):
-                try:
-                    case.body["dueAt"] = _into_the_window(due_at, config.horizon_days)
-                except ValueError:
-                    pass  # matches the pattern, still no date (month 13): stays invalid
+            _into_the_create_window(case.body, config.horizon_days)
             key = (case.headers or {}).get("Idempotency-Key")
             if isinstance(key, str) and _KEY.match(key):
                 case.headers["Idempotency-Key"] = _idempotency_key(key, case.body)
+        elif case.operation.label == "POST /v1/scheduled-payments/batch" and isinstance(
+            case.body, dict
+        ):
+            # Each item as the single create's body above, so items get created.
+            for item in case.body.get("items") or []:
+                if isinstance(item, dict):
+                    _into_the_create_window(item, config.horizon_days)
+                    key = item.get("idempotencyKey")
+                    if isinstance(key, str) and _KEY.match(key):
+                        item["idempotencyKey"] = _idempotency_key(key, item)
         elif case.operation.path.startswith("/v1/admin/dead-letters/") and case.path_parameters:
             # About one drawn id in two becomes a parked payment's, so the actions act.
             drawn = sum(str(case.path_parameters.get("payment_id")).encode())
@@ -411,6 +443,13 @@ def test_sequences_of_operations_answer_what_the_document_says(api_schema):
 
 def _admin(make_key) -> dict:
     return {"Authorization": f"Bearer {make_key('ops-ann', admin=True)}"}
+
+
+def test_the_batch_path_is_not_a_payments_path(client, alice):
+    # /batch is no payment id: OPTIONS offers only the batch's POST
+    response = client.options("/v1/scheduled-payments/batch", headers=alice)
+    assert set(response.headers["Allow"].replace(" ", "").split(",")) == {"POST", "OPTIONS"}
+    assert client.get("/v1/scheduled-payments/batch", headers=alice).status_code == 405
 
 
 def test_a_405_names_the_allowed_methods(client, alice):

@@ -1,0 +1,104 @@
+"""paycron.store.batches: a batch is a handful of set-based statements
+whatever its size, and all or nothing of its writes commit."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from paycron.errors import IdempotencyKeyReused
+from paycron.store import batches
+from paycron.store.batches import BatchItem
+from paycron.store.payments import Created, NewPayment, request_hash
+
+DUE = (datetime.now(UTC) + timedelta(days=2)).replace(microsecond=0)
+
+
+class Counting:
+    """The connection, counting the statements sent through it."""
+
+    def __init__(self, conn):
+        self.conn, self.statements = conn, 0
+
+    def execute(self, query, params=None):
+        self.statements += 1
+        return self.conn.execute(query, params)
+
+    def transaction(self):
+        return self.conn.transaction()
+
+
+def items(n: int, *, amount: int = 100, customer: str | None = None) -> list[BatchItem]:
+    made = []
+    for i in range(n):
+        body = {"payee": f"p{i}", "amount": amount + i, "dueAt": DUE.isoformat()}
+        new = NewPayment(f"p{i}", amount + i, "USD", DUE, customer=customer)
+        made.append(BatchItem(f"key-{i:04d}", request_hash(body), new=new))
+    return made
+
+
+def count(conn, table) -> int:
+    return conn.execute(f"SELECT count(*) AS n FROM {table}").fetchone()["n"]
+
+
+def create(conn, batch, actor="alice", processor="fake"):
+    return batches.create_batch(conn, actor=actor, items=batch, processor=processor)
+
+
+def test_a_batch_of_new_keys_is_one_statement_whatever_its_size(conn):
+    counting = Counting(conn)
+    outcomes = create(counting, items(500))
+    assert counting.statements == 1
+    assert all(isinstance(o, Created) and not o.replayed for o in outcomes)
+    assert count(conn, "payments") == count(conn, "idempotency_keys") == 500
+    assert count(conn, "payment_events") == 500
+
+
+def test_a_replayed_batch_is_a_few_statements_whatever_its_size(conn):
+    create(conn, items(500))
+    counting = Counting(conn)
+    outcomes = create(counting, items(500))
+    # the insert, the keys, the payments, their attempts, the replays' write
+    assert counting.statements == 5
+    assert all(isinstance(o, Created) and o.replayed for o in outcomes)
+    assert count(conn, "payments") == 500
+
+
+def test_customers_cost_three_statements_not_one_per_item(conn):
+    counting = Counting(conn)
+    create(counting, items(300, customer="cus_1"), processor="stripe")
+    assert counting.statements == 3  # owners, binding, the insert
+    assert count(conn, "payments") == 300 and count(conn, "customers") == 1
+
+
+def test_one_row_the_database_refuses_writes_nothing_of_the_batch(conn):
+    """Keys, payments and events go in one statement: a payment the schema's
+    CHECK refuses (amount 0, which the API never sends) undoes them all."""
+    batch = items(10)
+    batch[7] = BatchItem("bad", b"h", new=NewPayment("p", 0, "USD", DUE))
+    with pytest.raises(psycopg.errors.CheckViolation):
+        create(conn, batch)
+    assert count(conn, "payments") == count(conn, "idempotency_keys") == 0
+    assert count(conn, "payment_events") == 0
+
+
+def test_a_key_used_by_another_actor_is_not_this_ones(conn):
+    create(conn, items(3), actor="bob")
+    outcomes = create(conn, items(3), actor="alice")
+    assert all(isinstance(o, Created) and not o.replayed for o in outcomes)
+    assert count(conn, "payments") == 6
+
+
+def test_a_reused_key_answers_409_per_item(conn):
+    create(conn, items(2))
+    outcomes = create(conn, items(2, amount=900))
+    assert all(isinstance(o, IdempotencyKeyReused) for o in outcomes)
+
+
+def test_days_without_a_partition_are_named(conn):
+    today = datetime.now(UTC).date()
+    far = today + timedelta(days=5000)
+    assert batches.days_without_partition(conn, [today, today, far]) == {far}
+    assert batches.days_without_partition(conn, []) == set()
