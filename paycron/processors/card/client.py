@@ -11,11 +11,15 @@ from datetime import UTC, date, datetime
 
 import urllib3
 
+from paycron.deadline import deadline, pool_manager
 from paycron.domain.enums import Outcome
 from paycron.domain.processing import CallResult, Charge, ChargeRequest, LookupRequest, Refund
 from paycron.errors import GatewayError
 from paycron.processors.card.settlement_csv import parse_report
 from paycron.processors.wire import NOT_SENT, error_code_of, retry_after
+
+#: The settlement report is a day's charges, streamed: it has this long in all.
+REPORT_DEADLINE_SECONDS = 300.0
 
 
 def _json(response: urllib3.BaseHTTPResponse):
@@ -92,7 +96,9 @@ class HttpGateway:
     def __init__(self, base_url: str, *, timeout: float, max_connections: int = 64):
         self._timeout = urllib3.Timeout(connect=min(timeout, 3.0), read=timeout)
         self._call_seconds = timeout
-        self._pool = urllib3.PoolManager(
+        # Every request has a wall-clock deadline (paycron/deadline.py): the
+        # timeout above bounds each socket read only.
+        self._pool = pool_manager(
             num_pools=4, maxsize=max_connections, block=False, retries=False, timeout=self._timeout
         )
         self._base_url = base_url.rstrip("/")
@@ -108,22 +114,26 @@ class HttpGateway:
         body: dict | None = None,
         headers: dict | None = None,
         fields: dict | None = None,
-        timeout: urllib3.Timeout | None = None,
+        seconds: float | None = None,
     ):
+        """One request, answered in full within ``seconds`` (the configured
+        timeout by default) or :class:`~paycron.deadline.DeadlineExceeded`."""
+        seconds = seconds or self._call_seconds
         all_headers = {"Content-Type": "application/json", **(headers or {})}
-        return self._pool.request(
-            method,
-            self._base_url + path,
-            body=json.dumps(body).encode() if body is not None else None,
-            fields=fields,
-            headers=all_headers,
-            timeout=timeout or self._timeout,
-        )
+        with deadline(seconds):
+            return self._pool.request(
+                method,
+                self._base_url + path,
+                body=json.dumps(body).encode() if body is not None else None,
+                fields=fields,
+                headers=all_headers,
+                timeout=urllib3.Timeout(connect=min(seconds, 3.0), read=seconds),
+            )
 
     def charge(self, request: ChargeRequest, *, timeout: float | None = None) -> CallResult:
-        # total= bounds connect and every read together (read= alone is per
-        # read: a trickling answer could outlast it), so the call ends in time.
-        limit = urllib3.Timeout(total=min(timeout, self._call_seconds)) if timeout else None
+        # The whole call (connect, send, every read) ends within the time
+        # given, at most the configured timeout: a call never outlives its lease.
+        limit = min(timeout, self._call_seconds) if timeout else None
         try:
             response = self._request(
                 "POST",
@@ -134,18 +144,19 @@ class HttpGateway:
                     "reference": request.reference,
                 },
                 headers={"Idempotency-Key": request.idempotency_key},
-                timeout=limit,
+                seconds=limit,
             )
         except NOT_SENT as exc:
             return CallResult(Outcome.RETRYABLE_ERROR, error_code=type(exc).__name__)
         except urllib3.exceptions.HTTPError as exc:
-            # Sent, then no answer (timeout, dropped connection): never guess.
+            # Sent, then no (whole) answer in time (timeout, the deadline,
+            # a dropped connection): it may have charged. Never guess.
             return CallResult(Outcome.AMBIGUOUS, error_code=type(exc).__name__, in_doubt=True)
         return classify(response)
 
-    def _get(self, path: str, **params):
+    def _get(self, path: str, *, seconds: float | None = None, **params):
         try:
-            response = self._request("GET", path, fields=params)
+            response = self._request("GET", path, fields=params, seconds=seconds)
         except urllib3.exceptions.HTTPError as exc:
             raise GatewayError(f"gateway unreachable: {type(exc).__name__}") from exc
         if response.status != 200:
@@ -184,7 +195,9 @@ class HttpGateway:
         )
 
     def settlement_report(self, day: date) -> list[Charge]:
-        text = self._get("/v1/settlement-report", date=day.isoformat()).data.decode()
+        text = self._get(
+            "/v1/settlement-report", seconds=REPORT_DEADLINE_SECONDS, date=day.isoformat()
+        ).data.decode()
         return parse_report(text, source=f"settlement report {day}")
 
 
