@@ -96,3 +96,18 @@ class GatewayError(PaycronError):
     """The gateway could not be asked at all (used by the ops tools)."""
 
     code = "GATEWAY_UNAVAILABLE"
+
+
+class GatewayRequestRefused(GatewayError):
+    """The processor answered, and refused our request as invalid (a 400 or
+    404 that is not a rate limit): a bug in paycron or a change of the
+    processor's API, not an outage — asking again later will not help."""
+
+    code = "PROCESSOR_REFUSED_REQUEST"
+
+
+class ProcessorPaymentMissing(GatewayRequestRefused):
+    """The processor holds no payment by that id for this account (a 404):
+    what we stored names something that is not there to ask about."""
+
+    code = "PROCESSOR_PAYMENT_MISSING"

@@ -27,6 +27,7 @@ from paycron.observability.metrics import serve_metrics
 from paycron.observability.sentry import configure_logging, init_sentry
 from paycron.processors.factory import build_gateway
 from paycron.store.db import make_pool, make_redis
+from scheduler import gateway_events
 from scheduler.gateway_events import GatewayEventService
 from scheduler.partition_keeper import PartitionKeeper
 from scheduler.reaper import Reaper
@@ -92,8 +93,13 @@ def build(config: Config) -> Scheduler:
         GatewayEventService(
             config=config,
             pool=events_pool,
+            # As many keep-alive connections as retrieves in flight: a smaller
+            # pool discards one per burst ("Connection pool is full") and
+            # pays a new TLS handshake each time.
             gateway=build_gateway(
-                config, max_connections=4, call_limiter=CallLimiter(client, config)
+                config,
+                max_connections=gateway_events.CONCURRENCY,
+                call_limiter=CallLimiter(client, config),
             ),
         ),
     ]

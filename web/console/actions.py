@@ -12,7 +12,7 @@ from flask import current_app, flash, g, redirect, render_template, request, url
 from paycron.domain.ids import parse_payment_id
 from paycron.domain.keys import gateway_key
 from paycron.engine import dead_letters
-from paycron.errors import DeadLetterActionRefused, GatewayError, NotFound
+from paycron.errors import DeadLetterActionRefused, GatewayError, GatewayRequestRefused, NotFound
 from web.console import bp, reads
 from web.console.session import ConsoleRefused
 
@@ -86,6 +86,11 @@ def _attempt(conn, name: str, payment_id: uuid.UUID, **kwargs) -> tuple[bool, st
         result = _do(conn, name, payment_id, **kwargs)
     except (DeadLetterActionRefused, NotFound) as refused:
         return False, f"{payment_id}: refused: {refused}"
+    except GatewayRequestRefused as refused:
+        return False, (
+            f"{payment_id}: the processor refused the request ({refused}); this is not an "
+            "outage and trying again will not help: report it"
+        )
     except GatewayError as failed:
         return False, f"{payment_id}: the gateway could not be asked ({failed}); try again"
     detail = f" ({result.detail})" if result.detail else ""

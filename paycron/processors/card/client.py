@@ -14,7 +14,7 @@ import urllib3
 from paycron.deadline import deadline, pool_manager
 from paycron.domain.enums import Outcome
 from paycron.domain.processing import CallResult, Charge, ChargeRequest, LookupRequest, Refund
-from paycron.errors import GatewayError
+from paycron.errors import GatewayError, GatewayRequestRefused, ProcessorPaymentMissing
 from paycron.processors.card.settlement_csv import parse_report
 from paycron.processors.wire import NOT_SENT, error_code_of, retry_after
 
@@ -154,11 +154,17 @@ class HttpGateway:
             return CallResult(Outcome.AMBIGUOUS, error_code=type(exc).__name__, in_doubt=True)
         return classify(response)
 
-    def _get(self, path: str, *, seconds: float | None = None, **params):
+    def _get(self, path: str, *, seconds: float | None = None, missing: str = "", **params):
+        """A 200's response; a 400/404 is our request refused (``missing``:
+        the 404 of one object), anything else the processor unavailable."""
         try:
             response = self._request("GET", path, fields=params, seconds=seconds)
         except urllib3.exceptions.HTTPError as exc:
             raise GatewayError(f"gateway unreachable: {type(exc).__name__}") from exc
+        if response.status == 404 and missing:
+            raise ProcessorPaymentMissing(f"gateway answered 404 to GET {path}: {missing}")
+        if response.status in (400, 404):
+            raise GatewayRequestRefused(f"gateway refused GET {path}: {response.status}")
         if response.status != 200:
             raise GatewayError(f"gateway answered {response.status} to GET {path}")
         return response
@@ -171,7 +177,7 @@ class HttpGateway:
             raise GatewayError(f"absurd answer to a lookup: {type(exc).__name__}") from exc
 
     def retrieve(self, charge_id: str) -> Charge:
-        body = _json(self._get(f"/v1/charges/{charge_id}"))
+        body = _json(self._get(f"/v1/charges/{charge_id}", missing=f"no charge {charge_id}"))
         try:
             return _charge(body)
         except (KeyError, TypeError, ValueError) as exc:
@@ -185,6 +191,10 @@ class HttpGateway:
             )
         except urllib3.exceptions.HTTPError as exc:
             raise GatewayError(f"refund failed: {type(exc).__name__}") from exc
+        if response.status in (400, 404):
+            raise GatewayRequestRefused(
+                f"refund refused: {response.status} {response.data[:200]!r}"
+            )
         if response.status not in (200, 201):
             raise GatewayError(f"refund refused: {response.status} {response.data[:200]!r}")
         answer = _json(response) or {}

@@ -35,7 +35,7 @@ from paycron.domain.processing import (
     LookupRequest,
     Refund,
 )
-from paycron.errors import GatewayError
+from paycron.errors import GatewayError, GatewayRequestRefused, ProcessorPaymentMissing
 from paycron.processors.stripe.transport import NotSent, PooledHttpClient
 from paycron.processors.wire import error_code_of, retry_after
 
@@ -74,7 +74,13 @@ def classify_error(
     """SPEC §12's answer table for a refused charge: Stripe's HTTP status and
     ``error`` object as an outcome (each row tested through the SDK)."""
     kind, code = error.get("type"), error.get("code")
-    stored = error_code_of(error.get("decline_code") or code)
+    # Stripe sends ``code`` for some errors only: without one, the status
+    # (``http_400``) is stored, never a made-up "declined".
+    stored = (
+        error_code_of(error.get("decline_code") or code)
+        if error.get("decline_code") or code
+        else f"http_{status}"
+    )
     replayed = (headers or {}).get("Idempotent-Replayed") == "true"
     if status == 402:
         intent = _intent_id(error)
@@ -112,7 +118,8 @@ def classify_error(
             failure_reason=FailureReason.GATEWAY_REJECTED,
         )
     if status in (400, 404):
-        # Stripe validates before executing: definitively not charged.
+        # Stripe validates before executing: definitively not charged (Stripe's
+        # code, or http_400/http_404 when it gave none).
         return CallResult(
             Outcome.REJECTED, error_code=stored, failure_reason=FailureReason.INVALID_REQUEST
         )
@@ -307,9 +314,7 @@ class StripeGateway:
             try:
                 page = list_call(params=params)
             except stripe.StripeError as exc:
-                raise GatewayError(
-                    f"Stripe list failed: {type(exc).__name__} {exc.http_status}"
-                ) from exc
+                raise _read_error("list", exc) from exc
             data = [item.to_dict() for item in page.data]
             yield from data
             if not page.has_more or not data:
@@ -338,9 +343,7 @@ class StripeGateway:
         try:
             intent = self._client.v1.payment_intents.retrieve(charge_id)
         except stripe.StripeError as exc:
-            raise GatewayError(
-                f"Stripe retrieve failed: {type(exc).__name__} {exc.http_status}"
-            ) from exc
+            raise _read_error("retrieve", exc, missing=f"no PaymentIntent {charge_id}") from exc
         return intent_as_charge(intent.to_dict())
 
     def refund(self, charge: Charge) -> Refund:
@@ -351,7 +354,7 @@ class StripeGateway:
                 params={"payment_intent": charge.id}, options={"idempotency_key": key}
             )
         except stripe.StripeError as exc:
-            raise GatewayError(f"refund refused: {type(exc).__name__} {exc.http_status}") from exc
+            raise _read_error("refund", exc) from exc
         answer = refund.to_dict()
         return Refund(
             id=answer["id"], amount=answer.get("amount", charge.amount), idempotency_key=key
@@ -384,6 +387,22 @@ class StripeGateway:
                 )
             )
         return charges
+
+
+def _read_error(what: str, exc: stripe.StripeError, *, missing: str = "") -> GatewayError:
+    """A read Stripe did not answer, as the error an operator can act on: a
+    400/404 (not a rate limit) is our request refused — a bug or an API
+    change, which waiting will not fix; a 404 of one object (``missing``) is
+    an object this account does not hold; anything else is unavailability."""
+    status, code = exc.http_status, _error_of(exc).get("code")
+    described = f"Stripe {what} failed: {type(exc).__name__} {status}" + (
+        f" {error_code_of(code)}" if code else ""
+    )
+    if status == 404 and missing:
+        return ProcessorPaymentMissing(f"{described}: {missing} in this account")
+    if status in (400, 404) and code != "rate_limit":
+        return GatewayRequestRefused(f"{described}: Stripe refused the request")
+    return GatewayError(described)
 
 
 def _error_of(exc: stripe.StripeError) -> Mapping[str, Any]:
