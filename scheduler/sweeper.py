@@ -5,8 +5,10 @@ LOCKED`` hands each a disjoint batch. The sweep drains while batches claim
 anything, paced by one token bucket in Redis shared by every scheduler, and
 keeps only CLAIM_AHEAD_SECONDS of the ceiling queued beyond what is in
 flight: a deeper queue is a FIFO again, and a payer that falls due later
-would wait behind it (SPEC §14). When the queue is full it looks again
-shortly rather than after a whole interval. While the circuit breaker is
+would wait behind it. The room left is counted and claimed under one lock
+shared by every sweeper (``lock_claim_room``), so concurrent sweeps never
+each fill the same room. When the queue is full it looks again shortly
+rather than after a whole interval. While the circuit breaker is
 open it claims nothing; half-open, the one sweeper that wins the probe token
 claims the single oldest due row.
 """
@@ -23,6 +25,7 @@ from paycron.config import Config
 from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import ClaimPacer
 from paycron.observability import metrics
+from paycron.sql import q
 from paycron.store.transitions import Claim, claim_due, count_queued, release
 from scheduler.service import PeriodicService
 
@@ -116,6 +119,27 @@ class Sweeper(PeriodicService):
         metrics.CLAIMS.inc(len(claims))
         return claims
 
+    def _claim_within_room(self, limit: int) -> tuple[list[Claim], int]:
+        """Up to ``limit`` claims, no more than the queue's room, and that
+        room: counted and claimed under the lock every sweeper takes, so the
+        room another sweep just filled is seen filled."""
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(q("lock_claim_room"))
+            room = self.settings.claim_ahead - count_queued(conn)
+            claims = (
+                claim_due(
+                    conn,
+                    limit=min(limit, room),
+                    lease_seconds=self.settings.lease_seconds,
+                    processor=self.settings.processor,
+                )
+                if room > 0
+                else []
+            )
+        # Committed (and the lock released): a crash leaves leases to the reaper.
+        metrics.CLAIMS.inc(len(claims))
+        return claims, room
+
     def run_once(self) -> SweepCounts:
         counts = SweepCounts()
         state = self.breaker.state()
@@ -132,7 +156,8 @@ class Sweeper(PeriodicService):
                     self.breaker.close()
             return counts
         # What is queued, from Postgres (the schedule of record), not from
-        # the broker's private layout.
+        # the broker's private layout: a first look sizes the pace's tokens;
+        # the room is counted again, under the lock, with each claim.
         with self.pool.connection() as conn:
             room = self.settings.claim_ahead - count_queued(conn)
         counts.paced = True
@@ -140,17 +165,18 @@ class Sweeper(PeriodicService):
             granted = self.pacer.take(min(self.settings.claim_batch, room))
             if granted == 0:
                 break
-            claims = self._claim(granted)
+            claims, room = self._claim_within_room(granted)
             self.pacer.give_back(granted - len(claims))
             self._send(claims, counts)
             counts.claimed += len(claims)
             counts.batches += 1
-            room -= len(claims)
             # A short batch may only mean some payer had less than its fair
-            # share: go on until a batch claims nothing.
+            # share: go on until a batch claims nothing. One that claims
+            # nothing for want of room (another sweep filled it) is paced.
             if not claims:
-                counts.paced = False
+                counts.paced = room <= 0
                 break
+            room -= len(claims)
         if counts.claimed:
             log.info("sweep %s", counts)
         return counts
