@@ -25,6 +25,7 @@ from paycron.engine import lookups
 from paycron.errors import GatewayError
 from paycron.processors.base import Gateway
 from paycron.store import transitions
+from paycron.store.clock import database_now
 from paycron.store.payments import get_payment
 from reconciliation import store
 from reconciliation.diff import (
@@ -122,7 +123,7 @@ def _confirm_missing(
             continue
         payment = get_payment(conn, item.payment_id, actor=None, with_attempts=False)
         try:
-            lookup = lookups.look_up(gateway, payment)
+            lookup = lookups.look_up(gateway, payment, now=database_now(conn))
         except GatewayError as exc:
             kept.append(
                 Item(item.kind, item.payment_id, None, {**item.detail, "lookupError": str(exc)})

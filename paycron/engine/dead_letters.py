@@ -24,6 +24,7 @@ from paycron.errors import DeadLetterActionRefused, NotFound
 from paycron.processors.base import Gateway
 from paycron.sql import q
 from paycron.store import transitions
+from paycron.store.clock import database_now
 from paycron.store.payments import get_payment
 
 
@@ -66,7 +67,7 @@ def redrive(
 ) -> ActionResult:
     letter = _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
-    lookup = lookups.look_up(gateway, payment)
+    lookup = lookups.look_up(gateway, payment, now=database_now(conn))
     if lookup.answer is Answer.CHARGED:
         if transitions.complete_from_gateway(
             conn,
@@ -123,7 +124,7 @@ def refund(
         raise DeadLetterActionRefused(
             "the payment waits for the processor's outcome: nothing to refund yet"
         )
-    lookup = lookups.look_up(gateway, payment)
+    lookup = lookups.look_up(gateway, payment, now=database_now(conn))
     if lookup.answer is not Answer.CHARGED:
         raise DeadLetterActionRefused(
             "the processor holds no charge for this payment "

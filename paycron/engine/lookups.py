@@ -10,7 +10,7 @@ the answer. *None* is conclusive only once the payment's in-flight bound
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from paycron.domain.policy import Lookup, judge_lookup
 from paycron.domain.processing import LookupRequest
@@ -29,14 +29,18 @@ def conclusive_at(payment: Mapping) -> datetime | None:
     return payment.get("calls_land_by")
 
 
-def is_conclusive(payment: Mapping, now: datetime | None = None) -> bool:
+def is_conclusive(payment: Mapping, now: datetime) -> bool:
+    """Whether a *none* is conclusive at ``now`` — the database's clock
+    (paycron/store/clock.py), which wrote the bound: never an app host's."""
     at = conclusive_at(payment)
-    return at is None or (now or datetime.now(UTC)) >= at
+    return at is None or now >= at
 
 
-def look_up(gateway: Gateway, payment: Mapping, *, now: datetime | None = None) -> Lookup:
+def look_up(gateway: Gateway, payment: Mapping, *, now: datetime) -> Lookup:
     """What the processor holds for ``payment`` (a row of ``payments``: id,
-    amount_minor, currency, customer, due_at, in_doubt, calls_land_by).
+    amount_minor, currency, customer, due_at, in_doubt, calls_land_by), with
+    ``now`` the database's clock read before asking (a *none* is judged as
+    of then: erring on the side of inconclusive).
     Raises :class:`~paycron.errors.GatewayError` when it cannot be asked."""
     payment_id = str(payment["id"])
     found = gateway.find_charges(

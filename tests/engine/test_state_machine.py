@@ -48,6 +48,7 @@ from paycron.engine.execution import look_up
 from paycron.errors import GatewayError
 from paycron.processors.card.client import CallResult, Charge
 from paycron.store import transitions
+from paycron.store.clock import database_now
 from paycron.store.db import make_pool
 from paycron.store.transitions import Claim, Finished
 from tests.factories import insert_payment
@@ -314,7 +315,7 @@ class PaymentMachine(RuleBasedStateMachine):
         if not done.decision.needs_lookup:
             return done
         gateway = ModelGateway(self.payments, fails=data.draw(st.booleans(), label="lookup fails"))
-        return look_up(gateway, done)
+        return look_up(gateway, done, now=database_now(self.conn))
 
     def _current(self, held: Held) -> bool:
         payment = self.payments[held.claim.payment_id]
