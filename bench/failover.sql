@@ -32,3 +32,21 @@ SELECT
 -- When each payment was recorded COMPLETED.
 SELECT payment_id, min(created_at) AS at FROM payment_events
 WHERE type = 'payment.completed' GROUP BY payment_id;
+
+-- name: failover_longest_gaps
+-- The longest stretch without a claim (a payment.processing event), and
+-- without a call (an attempt started), from one moment to another: the
+-- pause a fault caused, even where a deposed primary ran on for a while.
+WITH claims AS (
+    SELECT created_at AS at FROM payment_events
+    WHERE type = 'payment.processing' AND created_at BETWEEN %(since)s AND %(until)s
+    UNION ALL SELECT %(since)s::timestamptz
+), calls AS (
+    SELECT started_at AS at FROM attempts WHERE started_at BETWEEN %(since)s AND %(until)s
+    UNION ALL SELECT %(since)s::timestamptz
+)
+SELECT
+    (SELECT extract(epoch FROM max(gap)) FROM
+        (SELECT at - lag(at) OVER (ORDER BY at) AS gap FROM claims) g) AS claims_gap,
+    (SELECT extract(epoch FROM max(gap)) FROM
+        (SELECT at - lag(at) OVER (ORDER BY at) AS gap FROM calls) g) AS calls_gap;

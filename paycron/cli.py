@@ -133,13 +133,16 @@ def api_key_revoke(prefix: str | None, key_id: int | None) -> None:
     with connect(config) as conn:
         if key_id is not None:
             revocation = apikeys.revoke_api_key_by_id(conn, key_id)
+            what = f"id {key_id}"
         else:
+            assert prefix is not None  # exactly one of the two was given
             revocation = apikeys.revoke_api_key(conn, prefix)
+            what = f"prefix {_printable(prefix)}"
     row = revocation.revoked
     if revocation.ambiguous:
         click.echo(
-            f"{len(revocation.ambiguous)} active keys share prefix "
-            f"{_printable(prefix)}; nothing revoked. Revoke one by its id:",
+            f"{len(revocation.ambiguous)} active keys share {what}; nothing revoked. "
+            "Revoke one by its id:",
             err=True,
         )
         for shared in revocation.ambiguous:
@@ -150,7 +153,6 @@ def api_key_revoke(prefix: str | None, key_id: int | None) -> None:
             )
         sys.exit(1)
     if row is None:
-        what = f"id {key_id}" if key_id is not None else f"prefix {_printable(prefix)}"
         click.echo(f"no active key with {what}", err=True)
         sys.exit(1)
     click.echo(

@@ -263,7 +263,7 @@ class Config:
         for f in fields(cls):
             parse = f.metadata.get("parse")
             raw = env.get(f.name.upper()) if parse else None
-            if raw is None or raw == "":
+            if parse is None or raw is None or raw == "":
                 continue
             try:
                 values[f.name] = parse(raw)

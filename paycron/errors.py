@@ -111,3 +111,19 @@ class ProcessorPaymentMissing(GatewayRequestRefused):
     what we stored names something that is not there to ask about."""
 
     code = "PROCESSOR_PAYMENT_MISSING"
+
+
+class OtherProcessor(GatewayError):
+    """The payment was called at another processor than the one this process
+    is configured for: only its own processor can say what it holds, and
+    another's "nothing" is no answer (docs/money-safety.md)."""
+
+    code = "OTHER_PROCESSOR"
+
+    def __init__(self, payment_processor: str, acting: str):
+        super().__init__(
+            f"this payment was called at {payment_processor}, and this process is "
+            f"configured for {acting}: ask from a process configured for {payment_processor}"
+        )
+        self.payment_processor = payment_processor
+        self.acting = acting

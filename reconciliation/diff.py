@@ -94,9 +94,21 @@ class Repair:
     charge: ReportCharge
 
 
+@dataclass(frozen=True)
+class Await:
+    """A payment to move FAILED/PENDING -> AWAITING_GATEWAY: the processor is
+    still processing ``charge`` for it (a bank debit of a payment parked in
+    doubt). Deferring it alone would never look again once its day passed;
+    waiting, it is polled until the debit settles."""
+
+    payment_id: uuid.UUID
+    charge: ReportCharge
+
+
 @dataclass
 class Diff:
     repairs: list[Repair] = field(default_factory=list)
+    awaits: list[Await] = field(default_factory=list)
     items: list[Item] = field(default_factory=list)
     #: Charges of the day by :class:`Verdict`, plus ``completions`` checked.
     tally: Counter = field(default_factory=Counter)
@@ -209,6 +221,14 @@ def classify(
         diff.items.extend(items)
         if verdict is Verdict.REPAIR:
             diff.repairs.append(Repair(pid, charge))
+        payment = payments.get(pid) if pid else None
+        if (
+            verdict is Verdict.DEFERRED
+            and charge.status == PROCESSING
+            and payment is not None
+            and payment.status in (Status.FAILED, Status.PENDING)
+        ):
+            diff.awaits.append(Await(pid, charge))
     moved = [c for c in charges if c.status in (SUCCEEDED, REFUNDED)]  # not a decline
     charged = {c.idempotency_key for c in moved} | {c.reference for c in moved}
     for done in completions:

@@ -18,6 +18,7 @@ from datetime import date
 
 from psycopg import Connection
 
+from paycron.config import Config
 from paycron.domain.enums import Outcome, Status
 from paycron.domain.ids import parse_payment_id
 from paycron.domain.policy import Answer
@@ -29,6 +30,7 @@ from paycron.store.clock import database_now
 from paycron.store.payments import get_payment
 from reconciliation import store
 from reconciliation.diff import (
+    Await,
     Item,
     ItemKind,
     PaymentView,
@@ -136,6 +138,54 @@ def _confirm_missing(
     return kept
 
 
+def _await(
+    conn: Connection,
+    gateway: Gateway | None,
+    awaits: list[Await],
+    items: list[Item],
+    poll_seconds: float,
+) -> list[Item]:
+    """Each FAILED or PENDING payment whose processor is still processing a
+    charge for it is looked up at its own processor: still processing, it
+    waits for that processor-side payment (AWAITING_GATEWAY, polled until it
+    settles); charged by now, it is completed. Its DEFERRED item says what
+    was done. Without the gateway (a report file) nothing is asked."""
+    done: dict[tuple, str] = {}
+    for each in awaits if gateway is not None else ():
+        payment = get_payment(conn, each.payment_id, actor=None, with_attempts=False)
+        if payment is None:
+            continue
+        try:
+            lookup = lookups.look_up(gateway, payment, now=database_now(conn))
+        except GatewayError as exc:  # unreachable, or another processor's payment
+            log.warning("reconciliation: lookup of payment=%s failed: %s", each.payment_id, exc)
+            continue
+        key = (each.payment_id, each.charge.id)
+        if lookup.answer is Answer.PROCESSING and transitions.await_from_lookup(
+            conn, each.payment_id, intent=lookup.found.id, actor=ACTOR, poll_seconds=poll_seconds
+        ):
+            done[key] = (
+                f"the processor is processing {lookup.found.id}: the payment now waits "
+                "for its outcome (AWAITING_GATEWAY)"
+            )
+        elif lookup.answer is Answer.CHARGED and transitions.complete_from_gateway(
+            conn,
+            each.payment_id,
+            outcome=Outcome.RECONCILED,
+            gateway_ref=lookup.found.id,
+            actor=ACTOR,
+        ):
+            done[key] = f"charged by now ({lookup.found.id}): the payment is completed"
+        if key in done:
+            log.info("reconciliation: payment=%s %s", each.payment_id, done[key])
+    return [
+        Item(i.kind, i.payment_id, i.charge_id, {**i.detail, "reason": done[key]})
+        if i.kind is ItemKind.DEFERRED and (key := (i.payment_id, i.charge_id)) in done
+        else i
+        for i in items
+    ]
+
+
 def referenced_ids(charges: Iterable[ReportCharge]) -> set[uuid.UUID]:
     return {pid for c in charges if (pid := parse_payment_id(c.reference)) is not None}
 
@@ -147,6 +197,7 @@ def reconcile_day(
     *,
     source: str,
     gateway: Gateway | None = None,
+    poll_seconds: float = Config.gateway_poll_seconds,
 ) -> RunResult:
     """Reconcile ``day`` against ``charges`` (the reports of the day and its
     neighbours, or one file); ``gateway`` set: confirm missing charges by
@@ -169,6 +220,7 @@ def reconcile_day(
     found = diff.items
     if gateway is not None:
         found = _confirm_missing(conn, gateway, found, tally)
+    found = _await(conn, gateway, diff.awaits, found, poll_seconds)
     repaired, found = [], list(found)
     for repair in diff.repairs:
         for item in _repair(conn, run_id, repair, payments[repair.payment_id], tally):

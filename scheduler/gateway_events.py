@@ -102,7 +102,11 @@ class GatewayEventService(PeriodicService):
         with self.pool.connection() as conn:
             events = conn.execute(
                 q("claim_pending_gateway_events"),
-                {"limit": self.batch, "claim_seconds": EVENT_CLAIM_SECONDS},
+                {
+                    "limit": self.batch,
+                    "claim_seconds": EVENT_CLAIM_SECONDS,
+                    "processor": self.gateway.name,
+                },
             ).fetchall()
         for outcome in self.calls.map(self._apply, events):
             counts.add(outcome)
@@ -171,6 +175,7 @@ class GatewayEventService(PeriodicService):
                     "now": now,
                     "limit": self.batch,
                     "intervals": policy.poll_intervals(self.config),
+                    "processor": self.gateway.name,
                 },
             ).fetchall()
         for outcome in self.calls.map(lambda row: self._poll_one(row, now), due):

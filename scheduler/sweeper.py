@@ -26,7 +26,7 @@ from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import ClaimPacer
 from paycron.observability import metrics
 from paycron.sql import q
-from paycron.store.transitions import Claim, claim_due, count_queued, release
+from paycron.store.transitions import ENQUEUE_FAILED, Claim, claim_due, count_queued, release
 from scheduler.service import PeriodicService
 
 log = logging.getLogger("paycron.sweeper")
@@ -101,9 +101,11 @@ class Sweeper(PeriodicService):
             try:
                 self.enqueue(claims[i : i + size], probe)
             except Exception:
-                # The broker refused: hand back what was not sent (no budget,
-                # no lease to wait out), then let the run fail as it would.
-                release(self.pool, claims[i:])
+                # The broker refused, or its reply was lost after it took the
+                # message: hand back what was not started (no budget, no lease
+                # to wait out; a claim a worker already started is left to
+                # it), then let the run fail as it would.
+                release(self.pool, claims[i:], reason=ENQUEUE_FAILED)
                 raise
             counts.messages += 1
 

@@ -81,7 +81,9 @@ class DeadLetterActionSchema(Answer):
     """The answer of redrive, refund and dismiss."""
 
     payment_id = fields.UUID(data_key="paymentId")
-    action = fields.String(metadata={"enum": ["completed", "redriven", "refunded", "dismissed"]})
+    action = fields.String(
+        metadata={"enum": ["completed", "redriven", "awaiting_gateway", "refunded", "dismissed"]}
+    )
     detail = fields.String()
 
 

@@ -208,12 +208,22 @@ def after_lease_expiry(
 
     Back to PENDING at once (``run_at`` is kept: it is overdue), in doubt if
     its call was in flight (the call may have landed; the next attempt asks
-    again under the same key). The ``MAX_LEASE_EXPIRIES``-th expiry parks it:
-    a payment that kills its worker every time must not loop forever.
-    Expiries cost no budget: the call may never have been made.
+    again under the same key). Only an expiry whose call was in flight
+    counts toward ``MAX_LEASE_EXPIRIES`` (:func:`counts_expiry`): a claim that
+    never got its attempt row made no call (a lost message, workers that
+    crash before they start), and parking those would park every due
+    payment after a bad deploy. Expiries cost no budget.
+
+    The ``MAX_LEASE_EXPIRIES``-th counted expiry parks nothing by itself: its
+    call may have charged, and every path from doubt to FAILED goes through
+    a lookup. The payment goes back to PENDING and its next claim looks it
+    up instead of calling (:func:`after_lease_expiry_limit`). Only if that
+    claim's lease expires too (the lookup itself hung) is it parked here,
+    in doubt, its event saying the outcome is unknown: a payment that kills
+    its worker every time must not loop forever.
     """
     in_doubt = in_doubt or call_in_flight
-    if lease_expiries + 1 >= config.max_lease_expiries:
+    if counts_expiry(call_in_flight) and lease_expiries + 1 > config.max_lease_expiries:
         return Decision(
             Status.FAILED,
             failures=failures,
@@ -221,6 +231,33 @@ def after_lease_expiry(
             failure_reason=FailureReason.LEASE_EXPIRED_REPEATEDLY,
         )
     return Decision(Status.PENDING, failures=failures, in_doubt=in_doubt)
+
+
+def at_lease_expiry_limit(lease_expiries: int, config: Config) -> bool:
+    """A claim of a payment whose counted lease expiries reached the limit
+    is looked up, never called (:func:`after_lease_expiry_limit`)."""
+    return lease_expiries >= config.max_lease_expiries
+
+
+def after_lease_expiry_limit(lookup: Lookup, *, failures: int, in_doubt: bool) -> Decision:
+    """A payment at the lease-expiry limit, looked up by reference: charged
+    completes it, processing waits for the processor, a mismatch parks it
+    for a human; *none* parks it ``LEASE_EXPIRED_REPEATEDLY``, in doubt
+    unless the lookup was conclusive (its event then says the outcome is
+    unknown: a charge may exist)."""
+    parked = Decision(
+        Status.FAILED,
+        failures=failures,
+        in_doubt=in_doubt,
+        failure_reason=FailureReason.LEASE_EXPIRED_REPEATEDLY,
+    )
+    return after_lookup(parked, lookup)
+
+
+def counts_expiry(call_in_flight: bool) -> bool:
+    """Whether a lease expiry counts in ``lease_expiries``: only when its
+    attempt's call was in flight (the worker started it and never finished)."""
+    return call_in_flight
 
 
 #: Charge statuses that mean the money moved: a refund is recorded, never
@@ -248,6 +285,14 @@ class Lookup:
     conclusive: bool = True
     charge: Charge | None = None
     extra: tuple[Charge, ...] = ()
+
+    @property
+    def found(self) -> Charge:
+        """The charge that decided a CHARGED, MISMATCHED or PROCESSING answer
+        (each carries one; only NONE has none)."""
+        if self.charge is None:
+            raise ValueError(f"a lookup answering {self.answer.value!r} holds no charge")
+        return self.charge
 
 
 def _matches(charge: Charge, *, amount: int, currency: str, customer: str | None) -> bool:

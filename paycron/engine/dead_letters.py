@@ -13,18 +13,17 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from psycopg import Connection
-
 from paycron.config import Config
 from paycron.domain.enums import Outcome, Resolution, Status
 from paycron.domain.ids import due_range
-from paycron.domain.policy import Answer
+from paycron.domain.policy import Answer, Lookup
 from paycron.engine import lookups
-from paycron.errors import DeadLetterActionRefused, NotFound
+from paycron.errors import DeadLetterActionRefused, NotFound, OtherProcessor
 from paycron.processors.base import Gateway
 from paycron.sql import q
 from paycron.store import transitions
 from paycron.store.clock import database_now
+from paycron.store.db import Connection
 from paycron.store.payments import get_payment
 
 
@@ -67,41 +66,49 @@ def redrive(
 ) -> ActionResult:
     letter = _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
-    lookup = lookups.look_up(gateway, payment, now=database_now(conn))
+    assert payment is not None  # it has an open dead letter
+    lookup = _look_up(conn, gateway, payment)
     if lookup.answer is Answer.CHARGED:
         if transitions.complete_from_gateway(
             conn,
             payment_id,
             outcome=Outcome.FOUND_BY_LOOKUP,
-            gateway_ref=lookup.charge.id,
+            gateway_ref=lookup.found.id,
             actor=actor,
         ):
             return ActionResult(
-                payment_id, "completed", f"the processor already holds charge {lookup.charge.id}"
+                payment_id, "completed", f"the processor already holds charge {lookup.found.id}"
             )
         raise DeadLetterActionRefused("the payment changed state; look again")
     if lookup.answer is Answer.MISMATCHED:
         raise DeadLetterActionRefused(
-            f"the processor holds {lookup.charge.id} for this payment with another amount, "
+            f"the processor holds {lookup.found.id} for this payment with another amount, "
             "currency or customer: look at it there; never re-driven under a new key"
         )
     if lookup.answer is Answer.PROCESSING:
         if transitions.await_from_lookup(
-            conn, payment_id, intent=lookup.charge.id, actor=actor, poll_seconds=poll_seconds
+            conn, payment_id, intent=lookup.found.id, actor=actor, poll_seconds=poll_seconds
         ):
             return ActionResult(
                 payment_id,
                 "awaiting_gateway",
-                f"the processor is processing {lookup.charge.id}: it waits for its outcome",
+                f"the processor is processing {lookup.found.id}: it waits for its outcome",
             )
         raise DeadLetterActionRefused("the payment changed state; look again")
     if not lookup.conclusive:
         at = lookups.conclusive_at(payment)
+        if at is None:
+            raise DeadLetterActionRefused(
+                "the time until which a call of this payment may still land is not known "
+                "(no in-flight bound recorded): run the migrations, then re-drive"
+            )
         raise DeadLetterActionRefused(
             f"a call of this payment may still land at the processor until "
             f"{at.isoformat()}: re-drive after that"
         )
-    if letter["reason"] not in REDRIVABLE or not transitions.redrive(conn, payment_id, actor=actor):
+    if letter["reason"] not in REDRIVABLE or not transitions.redrive(
+        conn, payment_id, actor=actor, processor=gateway.name
+    ):
         raise DeadLetterActionRefused(
             "only RETRIES_EXHAUSTED and LEASE_EXPIRED_REPEATEDLY payments can be re-driven"
         )
@@ -110,27 +117,63 @@ def redrive(
     )
 
 
+def _look_up(conn: Connection, gateway: Gateway, payment: dict) -> Lookup:
+    """The lookup a human action stands on (judged on the database's clock);
+    refused, not guessed, when this process is configured for another
+    processor than the payment's."""
+    try:
+        return lookups.look_up(gateway, payment, now=database_now(conn))
+    except OtherProcessor as exc:
+        raise DeadLetterActionRefused(str(exc)) from None
+
+
 #: What a re-drive may send back: a decline or a mismatch needs a human elsewhere.
 REDRIVABLE = frozenset({"RETRIES_EXHAUSTED", "LEASE_EXPIRED_REPEATEDLY"})
 
 
 def refund(
-    conn: Connection, gateway: Gateway, payment_id: uuid.UUID, *, actor: str
+    conn: Connection,
+    gateway: Gateway,
+    payment_id: uuid.UUID,
+    *,
+    actor: str,
+    poll_seconds: float = Config.gateway_poll_seconds,
 ) -> ActionResult:
-    """Refund the payment's charge (if the processor holds one) and close its letter."""
+    """Refund the payment's charge (if the processor holds one) and close its
+    letter; a charge the processor is still processing is waited for
+    (AWAITING_GATEWAY), not dismissed."""
     _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
+    assert payment is not None  # it has an open dead letter
     if payment["status"] == Status.AWAITING_GATEWAY:
         raise DeadLetterActionRefused(
             "the payment waits for the processor's outcome: nothing to refund yet"
         )
-    lookup = lookups.look_up(gateway, payment, now=database_now(conn))
+    lookup = _look_up(conn, gateway, payment)
+    if lookup.answer is Answer.PROCESSING:
+        # A debit still processing (a payment parked in doubt): it waits for
+        # the processor's outcome like any other, polled until it settles.
+        if transitions.await_from_lookup(
+            conn, payment_id, intent=lookup.found.id, actor=actor, poll_seconds=poll_seconds
+        ):
+            return ActionResult(
+                payment_id,
+                "awaiting_gateway",
+                f"the processor is still processing {lookup.found.id}: nothing to refund "
+                "yet; the payment waits for its outcome",
+            )
+        raise DeadLetterActionRefused("the payment changed state; look again")
+    if lookup.answer is Answer.NONE and not lookup.conclusive:
+        raise DeadLetterActionRefused(
+            "the processor holds no charge for this payment yet, but a call of it may "
+            "still land: look again later"
+        )
     if lookup.answer is not Answer.CHARGED:
         raise DeadLetterActionRefused(
             "the processor holds no charge for this payment "
             f"({lookup.answer.value}): dismiss it instead"
         )
-    charge = lookup.charge
+    charge = lookup.found
     answer = gateway.refund(charge)
     due_from, due_to = due_range(payment_id)
     with conn.transaction():

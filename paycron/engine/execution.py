@@ -22,8 +22,6 @@ from concurrent.futures import Executor as ThreadPool
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from psycopg_pool import ConnectionPool
-
 from paycron.config import Config
 from paycron.domain import policy
 from paycron.domain.enums import FailureReason, Outcome, Status
@@ -36,6 +34,7 @@ from paycron.limits.pacing import CallLimiter
 from paycron.observability import metrics
 from paycron.processors.base import Gateway
 from paycron.store.clock import DatabaseClock
+from paycron.store.db import Pool
 from paycron.store.transitions import Claim, Finished, finish, release, start
 
 log = logging.getLogger("paycron.execution")
@@ -56,7 +55,12 @@ class GroupCounts:
 
 #: Parked with a dead letter for a human (the metric counts each).
 PARKED_REASONS = frozenset(
-    {FailureReason.RETRIES_EXHAUSTED, FailureReason.LOOKUP_MISMATCH, FailureReason.GATEWAY_REJECTED}
+    {
+        FailureReason.RETRIES_EXHAUSTED,
+        FailureReason.LOOKUP_MISMATCH,
+        FailureReason.GATEWAY_REJECTED,
+        FailureReason.LEASE_EXPIRED_REPEATEDLY,
+    }
 )
 
 #: A call is sent only while its lease has at least this long left (seconds);
@@ -85,9 +89,9 @@ def _found(lookup: policy.Lookup) -> CallResult | None:
     """What a lookup found, as the attempt's outcome: the charge, or the
     processor-side payment still processing (the one the payment waits on)."""
     if lookup.answer is Answer.CHARGED:
-        return CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=lookup.charge.id)
+        return CallResult(Outcome.FOUND_BY_LOOKUP, gateway_ref=lookup.found.id)
     if lookup.answer is Answer.PROCESSING:
-        return CallResult(Outcome.SUBMITTED, gateway_ref=lookup.charge.id)
+        return CallResult(Outcome.SUBMITTED, gateway_ref=lookup.found.id)
     return None
 
 
@@ -105,7 +109,7 @@ def _ask(gateway: Gateway, row: dict, *, in_doubt: bool, now: datetime) -> polic
             "lookup for payment %s found processor payment %s with another amount, "
             "currency or customer: parked LOOKUP_MISMATCH",
             row["id"],
-            lookup.charge.id,
+            lookup.found.id,
         )
     if lookup.extra:
         log.error(
@@ -128,7 +132,7 @@ class Executor:
         self,
         *,
         config: Config,
-        pool: ConnectionPool,
+        pool: Pool,
         gateway: Gateway,
         breaker: CircuitBreaker,
         call_limiter: CallLimiter | None,
@@ -234,8 +238,24 @@ class Executor:
         return [first, *(f.result() for f in futures)]
 
     def _call(self, row: dict, lease_end: float) -> Finished:
-        if self._key_may_be_forgotten(row):
-            return self._look_up_instead(row)
+        try:
+            if policy.at_lease_expiry_limit(row["lease_expiries"], self.config):
+                return self._look_up_before_parking(row)
+            if self._key_may_be_forgotten(row):
+                return self._look_up_instead(row)
+        except Exception:  # a bug must not lose the group: nothing sent, asked again later
+            log.exception("lookup instead of a call failed unexpectedly for %s", row["id"])
+            return Finished(
+                row,
+                CallResult(Outcome.NOT_SENT, error_code="client_error"),
+                Decision(
+                    Status.PENDING,
+                    delay=policy.LOOKUP_RECHECK_DELAY,
+                    failures=row["failures"],
+                    in_doubt=row["in_doubt"],
+                    key_in_use=row["key_in_use"],
+                ),
+            )
         try:
             result = self._send(row, lease_end)
         except Exception:  # a bug must not lose the group: in doubt, asked again
@@ -260,6 +280,20 @@ class Executor:
         keep = self.config.gateway_key_retention_seconds - self.config.in_flight_bound_seconds
         return (self.db_clock.now() - since).total_seconds() > keep
 
+    def _look_up_before_parking(self, row: dict) -> Finished:
+        """A payment whose leases kept expiring with its call in flight: asked
+        about by reference, never called again; parked unless the lookup
+        finds its charge or the processor still processing it."""
+        lookup = _ask(self.gateway, row, in_doubt=row["in_doubt"], now=self.db_clock.now())
+        decision = policy.after_lease_expiry_limit(
+            lookup, failures=row["failures"], in_doubt=row["in_doubt"]
+        )
+        return Finished(
+            row,
+            _found(lookup) or CallResult(Outcome.NOT_SENT, error_code="lease_expired_repeatedly"),
+            decision,
+        )
+
     def _look_up_instead(self, row: dict) -> Finished:
         """Decide an old doubt by lookup: charged completes; a conclusive none
         clears the doubt and moves the key to its next generation, to be
@@ -271,7 +305,9 @@ class Executor:
         lookup = _ask(self.gateway, row, in_doubt=True, now=now)
         decision = policy.after_lookup(base, lookup)
         if lookup.answer is Answer.NONE and not lookup.conclusive:
-            wait = (row["calls_land_by"] - now).total_seconds()
+            # asked again once the bound has passed (no bound recorded: later)
+            bound = row["calls_land_by"]
+            wait = 0.0 if bound is None else (bound - now).total_seconds()
             decision = replace(decision, delay=max(wait, policy.LOOKUP_RECHECK_DELAY))
         return Finished(
             row,

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from paycron.domain.policy import Lookup, judge_lookup
 from paycron.domain.processing import LookupRequest
+from paycron.errors import OtherProcessor
 from paycron.processors.base import Gateway
 
 #: Listed from the payment's due time less this (clock skew between us and
@@ -23,25 +24,46 @@ CLOCK_SKEW = timedelta(hours=1)
 
 def conclusive_at(payment: Mapping) -> datetime | None:
     """When a lookup that finds nothing becomes conclusive: the in-flight
-    bound; None when it already is (never in doubt, or no call ever made)."""
+    bound; None when it already is (never in doubt) or when it is not known
+    (in doubt with no recorded bound: :func:`is_conclusive` says never)."""
     if not payment["in_doubt"]:
         return None
     return payment.get("calls_land_by")
 
 
 def is_conclusive(payment: Mapping, now: datetime) -> bool:
-    """Whether a *none* is conclusive at ``now`` — the database's clock
-    (paycron/store/clock.py), which wrote the bound: never an app host's."""
-    at = conclusive_at(payment)
-    return at is None or now >= at
+    """A *none* is conclusive when the payment is not in doubt, or once its
+    in-flight bound has passed at ``now`` — the database's clock
+    (paycron/store/clock.py), which wrote the bound: never an app host's. In
+    doubt with no bound recorded (a row from before the bound was kept, until
+    the migration that backfills it ran) is never conclusive: an old call may
+    still land."""
+    if not payment["in_doubt"]:
+        return True
+    at = payment.get("calls_land_by")
+    return at is not None and now >= at
+
+
+def check_processor(gateway: Gateway, payment: Mapping) -> None:
+    """Only the processor that saw a payment's calls can say what it holds:
+    another processor's "nothing" is no answer, and taking it for one would
+    move the key on and charge again. Raises
+    :class:`~paycron.errors.OtherProcessor` when ``payment`` was called at
+    another processor than ``gateway`` (a payment never called has none)."""
+    own = payment.get("processor")
+    if own is not None and own != gateway.name:
+        raise OtherProcessor(own, gateway.name)
 
 
 def look_up(gateway: Gateway, payment: Mapping, *, now: datetime) -> Lookup:
     """What the processor holds for ``payment`` (a row of ``payments``: id,
-    amount_minor, currency, customer, due_at, in_doubt, calls_land_by), with
-    ``now`` the database's clock read before asking (a *none* is judged as
-    of then: erring on the side of inconclusive).
-    Raises :class:`~paycron.errors.GatewayError` when it cannot be asked."""
+    amount_minor, currency, customer, due_at, in_doubt, calls_land_by,
+    processor), with ``now`` the database's clock read before asking (a
+    *none* is judged as of then: erring on the side of inconclusive). Raises
+    :class:`~paycron.errors.GatewayError` when it cannot be asked,
+    :class:`~paycron.errors.OtherProcessor` (one) when ``gateway`` is not the
+    payment's own processor."""
+    check_processor(gateway, payment)
     payment_id = str(payment["id"])
     found = gateway.find_charges(
         LookupRequest(

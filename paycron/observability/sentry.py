@@ -14,6 +14,7 @@ import logging
 import re
 import sys
 import traceback
+from typing import Any, cast
 
 from paycron.config import Config
 
@@ -216,15 +217,17 @@ def format_exception_redacted(exc: BaseException) -> str:
     te = traceback.TracebackException.from_exception(exc)
     for part, raised in zip(_traceback_chain(te), _chain(exc), strict=False):
         if _quotes_data(part.exc_type) and isinstance(getattr(part, "_str", None), str):
-            part._str = redact_postgres_message(part._str, raised)  # what format() prints
+            # ``_str`` is what format() prints: CPython's private field, hence the ignore.
+            part._str = redact_postgres_message(part._str, raised)  # type: ignore[attr-defined]
     return redact_tokens("".join(te.format()).rstrip("\n"))
 
 
 def _traceback_chain(te: traceback.TracebackException) -> list[traceback.TracebackException]:
-    found = []
-    while te is not None and te not in found:
-        found.append(te)
-        te = te.__cause__ or (None if te.__suppress_context__ else te.__context__)
+    found: list[traceback.TracebackException] = []
+    part: traceback.TracebackException | None = te
+    while part is not None and part not in found:
+        found.append(part)
+        part = part.__cause__ or (None if part.__suppress_context__ else part.__context__)
     return found
 
 
@@ -256,7 +259,9 @@ def init_sentry(config: Config, *, component: str, transport=None) -> bool:
     integrations = [DramatiqIntegration()] if component == "worker" else []
     sentry_sdk.init(
         dsn=config.sentry_dsn,
-        before_send=scrub,
+        # scrub takes the event as the plain dict it is; the SDK types it as
+        # a TypedDict of its own.
+        before_send=cast(Any, scrub),
         before_breadcrumb=scrub_breadcrumb,
         send_default_pii=False,
         include_local_variables=False,

@@ -13,10 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
-
 from paycron.sql import q
+from paycron.store.db import Connection, Pool, one_row
 
 SCOPE_PAYMENTS = "payments"
 SCOPE_ADMIN = "admin"
@@ -45,15 +43,12 @@ def create_api_key(conn: Connection, actor: str, *, admin: bool = False) -> tupl
     prefix = secrets.token_hex(4)
     key = f"pc_{prefix}_{secrets.token_urlsafe(32)}"
     scopes = [SCOPE_PAYMENTS, SCOPE_ADMIN] if admin else [SCOPE_PAYMENTS]
-    row = conn.execute(
-        q("create_api_key"),
-        {
-            "actor": actor,
-            "prefix": prefix,
-            "key_hash": hash_key(key),
-            "scopes": scopes,
-        },
-    ).fetchone()
+    row = one_row(
+        conn.execute(
+            q("create_api_key"),
+            {"actor": actor, "prefix": prefix, "key_hash": hash_key(key), "scopes": scopes},
+        )
+    )
     return key, row
 
 
@@ -90,7 +85,7 @@ class PrincipalCache:
         self._entries: dict[bytes, tuple[float, Principal]] = {}
         self._by_id: dict[int, tuple[float, Principal]] = {}
 
-    def authenticate(self, pool: ConnectionPool, key: str) -> Principal | None:
+    def authenticate(self, pool: Pool, key: str) -> Principal | None:
         key_hash = hash_key(key)
         now = self._monotonic()
         hit = self._entries.get(key_hash)
@@ -106,7 +101,7 @@ class PrincipalCache:
             self._entries[key_hash] = (now + self.ttl, principal)
         return principal
 
-    def by_id(self, pool: ConnectionPool, key_id: int) -> Principal | None:
+    def by_id(self, pool: Pool, key_id: int) -> Principal | None:
         """The live key with this id (a console session's), trusted as long
         as a key presented by the API: a revoked key's sessions end within
         ``ttl`` seconds, as its API requests do."""

@@ -15,10 +15,8 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
-
 from paycron.sql import q
+from paycron.store.db import Connection, Pool
 
 #: The database's clock is read again after this long; in between it is
 #: carried forward on this host's monotonic clock (which drifts by
@@ -28,7 +26,9 @@ DEFAULT_REFRESH_SECONDS = 30.0
 
 def database_now(conn: Connection) -> datetime:
     """The database's clock, now (aware UTC)."""
-    return conn.execute(q("database_now")).fetchone()["now"]
+    row = conn.execute(q("database_now")).fetchone()
+    assert row is not None  # a SELECT of one value returns one row
+    return row["now"]
 
 
 class DatabaseClock:
@@ -39,7 +39,7 @@ class DatabaseClock:
 
     def __init__(
         self,
-        pool: ConnectionPool,
+        pool: Pool,
         *,
         refresh_seconds: float = DEFAULT_REFRESH_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,

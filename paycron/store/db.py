@@ -22,19 +22,35 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import TypeAlias
 
 import psycopg
 import redis
-from psycopg import Connection
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.errors import Diagnostic
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
 from paycron.errors import ConfigError, OutcomeUnknown
 
 log = logging.getLogger("paycron.db")
+
+#: Every connection of ours returns rows as dicts (:func:`connection_kwargs`
+#: sets the row factory), so this is the type the store's functions take.
+Connection: TypeAlias = psycopg.Connection[DictRow]
+#: A pool of such connections (:func:`make_pool`).
+Pool: TypeAlias = ConnectionPool[Connection]
+
+
+def one_row(cursor: psycopg.Cursor[DictRow]) -> DictRow:
+    """The row of a statement that always returns exactly one (an aggregate,
+    an ``INSERT ... RETURNING`` without a conflict clause)."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("a statement that always returns one row returned none")
+    return row
+
 
 #: Every session talks UTC, so timestamptz values come back as aware UTC.
 #: Custom plans always: a generic plan of a prepared statement prunes
@@ -95,7 +111,7 @@ def make_pool(
     max_size: int | None = None,
     name: str = "paycron",
     statement_timeout: float | None = None,
-) -> ConnectionPool:
+) -> Pool:
     """An opened pool; the caller closes it (``with make_pool(...) as pool``).
     ``statement_timeout``: see :func:`connection_kwargs` (the web's pool only).
 
@@ -109,7 +125,7 @@ def make_pool(
     found within about 2 s, not after a backoff that doubles without limit."""
     url = require_database_url(config)
     check = _CheckAll()
-    pool = ConnectionPool(
+    pool: Pool = ConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size or config.db_pool_max,
@@ -137,7 +153,7 @@ class _CheckAll:
     connections to the new primary sat behind them (bench.failover)."""
 
     def __init__(self):
-        self.pool: ConnectionPool | None = None
+        self.pool: Pool | None = None
         self._purging = threading.Lock()
 
     def __call__(self, conn: Connection) -> None:
@@ -157,7 +173,7 @@ class _CheckAll:
 RECONNECT_SECONDS = 4.0
 
 
-def _reconnect_again(pool: ConnectionPool) -> None:
+def _reconnect_again(pool: Pool) -> None:
     """psycopg_pool gives a slot up after ``reconnect_timeout``; ask for a new
     connection at once (``check`` grows a pool that lacks one), whose own
     attempts start again at no delay. Measured: with the library's unbounded
@@ -170,7 +186,7 @@ def _reconnect_again(pool: ConnectionPool) -> None:
 def connect(config: Config) -> Connection:
     """One standalone connection (CLI commands, migrations)."""
     url = require_database_url(config)
-    return Connection.connect(url, **connection_kwargs(database_url=url))
+    return psycopg.Connection.connect(url, **connection_kwargs(database_url=url))
 
 
 # -- a bounded wait for the synchronous standby ------------------------------------

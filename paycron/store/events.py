@@ -9,9 +9,8 @@ from __future__ import annotations
 from datetime import UTC
 from typing import NamedTuple
 
-from psycopg import Connection
-
 from paycron.sql import q
+from paycron.store.db import Connection
 
 
 class Position(NamedTuple):

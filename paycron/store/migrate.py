@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from psycopg import Connection
-
 from paycron.sql import q
+from paycron.store.db import Connection
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 #: Arbitrary but fixed: the advisory lock key every migrate run shares.

@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from datetime import UTC, date, datetime, time, timedelta
 
-from psycopg import Connection, sql
+from psycopg import sql
 from psycopg.errors import LockNotAvailable
 
 from paycron.config import Config
 from paycron.sql import q
+from paycron.store.db import Connection, one_row
 from paycron.store.migrate import schema_lock
 
 _NAME = re.compile(r"^payments_p(\d{8})$")
@@ -83,7 +84,7 @@ def detach_settled(conn: Connection, config: Config, today: date | None = None) 
             with conn.transaction():
                 conn.execute(q("set_lock_timeout"))
                 conn.execute(_formatted("lock_partition", day))
-                if conn.execute(_formatted("partition_has_live_rows", day)).fetchone()["live"]:
+                if one_row(conn.execute(_formatted("partition_has_live_rows", day)))["live"]:
                     continue
                 conn.execute(_formatted("detach_partition", day))
             detached.append(partition_name(day))

@@ -13,11 +13,10 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from psycopg import Connection
-
 from paycron.domain.ids import due_range, new_payment_id
 from paycron.errors import CustomerNotYours, IdempotencyKeyReused, PaycronError
 from paycron.sql import q
+from paycron.store.db import Connection
 
 #: Sorts after every real (created_at, id): the keyset start of page one.
 _FIRST_PAGE = ("infinity", uuid.UUID(int=(1 << 128) - 1))
@@ -250,12 +249,16 @@ def list_payments(
     )
     # A key whose row is gone (its partition detached) or filtered out is skipped.
     matched = [(key, rows[key["payment_id"]]) for key in keys if key["payment_id"] in rows]
+    last: dict | None
     if len(matched) > limit:
         matched, more = matched[:limit], True
         last = matched[-1][0]
     else:
         last = keys[-1] if keys else None
-    next_key = (last["created_at"], last["payment_id"]) if more else None
+    next_key = None
+    if more:
+        assert last is not None  # more keys than were scanned: some were
+        next_key = (last["created_at"], last["payment_id"])
     return [row for _, row in matched], next_key
 
 

@@ -16,14 +16,13 @@ import uuid
 from collections.abc import Mapping
 from enum import StrEnum
 
-from psycopg import Connection
-
 from paycron.domain.enums import Status
 from paycron.domain.ids import parse_payment_id
 from paycron.domain.policy import CHARGED_STATUSES, Settlement, settlement_of
 from paycron.domain.processing import Charge
 from paycron.sql import q
 from paycron.store import transitions
+from paycron.store.db import Connection, one_row
 from paycron.store.payments import get_payment
 
 log = logging.getLogger("paycron.gateway_events")
@@ -130,4 +129,4 @@ def settle(conn: Connection, payment_id: uuid.UUID, charge: Charge, *, actor: st
 
 
 def pending_count(conn: Connection) -> dict:
-    return conn.execute(q("pending_gateway_events")).fetchone()
+    return one_row(conn.execute(q("pending_gateway_events")))

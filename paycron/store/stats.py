@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from psycopg import Connection
-
 from paycron.sql import q
+from paycron.store.db import Connection, one_row
 
 
 def lateness(conn: Connection, *, since: datetime) -> dict:
     """Trigger lateness p50/p99/max in seconds over first attempts since ``since``."""
-    return conn.execute(q("lateness"), {"since": since}).fetchone()
+    return one_row(conn.execute(q("lateness"), {"since": since}))
 
 
 def health(
@@ -23,8 +22,6 @@ def health(
     now = datetime.now(UTC)
     since = now - window
     return {
-        **conn.execute(
-            q("health"), {"since": since, "now": now, "processor": processor}
-        ).fetchone(),
+        **one_row(conn.execute(q("health"), {"since": since, "now": now, "processor": processor})),
         "lateness": lateness(conn, since=since),
     }

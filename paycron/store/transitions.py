@@ -15,16 +15,15 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import psycopg
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
 from paycron.domain import policy
-from paycron.domain.enums import CancelOutcome, Status
+from paycron.domain.enums import CancelOutcome, Outcome, Status
 from paycron.domain.ids import due_range
 from paycron.domain.policy import Decision
 from paycron.domain.processing import CallResult
 from paycron.sql import q
+from paycron.store.db import Connection, Pool, one_row
 from paycron.store.payments import get_payment
 
 log = logging.getLogger("paycron.transitions")
@@ -129,7 +128,7 @@ def claim_due(
 
 def count_queued(conn: Connection) -> int:
     """Claims waiting for their call: PROCESSING with no attempt row yet."""
-    return conn.execute(q("count_queued"), {"now": datetime.now(UTC)}, prepare=True).fetchone()["n"]
+    return one_row(conn.execute(q("count_queued"), {"now": datetime.now(UTC)}, prepare=True))["n"]
 
 
 def _claim_params(claims: Sequence[Claim]) -> dict:
@@ -140,17 +139,26 @@ def _claim_params(claims: Sequence[Claim]) -> dict:
     }
 
 
-def release(pool: ConnectionPool, claims: Sequence[Claim]) -> int:
-    """Give claims back without a call (breaker open): no budget, no attempt row."""
-    with pool.connection() as conn:
-        rows = conn.execute(q("release_claims"), _claim_params(claims)).fetchall()
+#: Why claims are handed back (the released event's ``reason``).
+CIRCUIT_OPEN, ENQUEUE_FAILED = "circuit_open", "enqueue_failed"
+
+
+def release(pool: Pool, claims: Sequence[Claim], *, reason: str = CIRCUIT_OPEN) -> int:
+    """Give claims back without a call (breaker open, or the broker refused
+    the message): no budget, no attempt row. A claim a worker already
+    started is left alone, so releasing after an enqueue that may have
+    delivered its message is safe. Returns how many went back."""
+    params = _claim_params(claims)
+    with pool.connection() as conn, conn.transaction():
+        conn.execute(q("lock_claims_to_release"), params)
+        rows = conn.execute(q("release_claims"), {**params, "reason": reason}).fetchall()
     for r in rows:
-        log_transition(r["id"], Status.PROCESSING, Status.PENDING, reason="circuit_open")
+        log_transition(r["id"], Status.PROCESSING, Status.PENDING, reason=reason)
     return len(rows)
 
 
 def start(
-    pool: ConnectionPool,
+    pool: Pool,
     claims: Sequence[Claim],
     *,
     lease_seconds: float,
@@ -188,7 +196,7 @@ UNWRITABLE = "unwritable_answer"
 
 
 def finish(
-    pool: ConnectionPool,
+    pool: Pool,
     done: Sequence[Finished],
     *,
     land_seconds: float = 0.0,
@@ -198,12 +206,14 @@ def finish(
     that may still land moves the payment's in-flight bound to its start +
     ``land_seconds`` (lease + call timeout + settle margin).
 
-    A value Postgres cannot store never loses the rest of the group: the
-    group is written one by one, and an outcome that still fails is written
-    without the gateway's text (its status and decision are kept)."""
+    A value Postgres cannot store (a NUL byte, an unencodable character, a
+    processor id longer than the schema allows) never loses the rest of the
+    group: the group is written one by one, and an outcome that still fails
+    is written without the processor's text (its status and decision are
+    kept)."""
     try:
         return _finish_retrying_deadlocks(pool, done, land_seconds, poll_seconds)
-    except (psycopg.DataError, UnicodeEncodeError):
+    except _UNWRITABLE_ERRORS:
         if len(done) > 1:
             return [
                 row
@@ -221,9 +231,16 @@ def finish(
             error_code=item.result.error_code and UNWRITABLE,
             gateway_ref=item.result.gateway_ref and UNWRITABLE,
         )
-        return _finish(
-            pool, [Finished(item.row, result, item.decision)], land_seconds, poll_seconds
-        )
+        # the processor-side payment to confirm again is that text too: the
+        # next call makes a new one under the next key instead
+        decision = replace(item.decision, confirm=None)
+        return _finish(pool, [Finished(item.row, result, decision)], land_seconds, poll_seconds)
+
+
+#: What an answer Postgres refuses to store raises: a value it cannot hold
+#: (DataError), a CHECK it breaks (CheckViolation, an IntegrityError), text
+#: it cannot encode.
+_UNWRITABLE_ERRORS = (psycopg.DataError, psycopg.IntegrityError, UnicodeEncodeError)
 
 
 #: A finish that deadlocks with a reap of the same rows is rolled back whole
@@ -232,7 +249,7 @@ _DEADLOCK_TRIES = 3
 
 
 def _finish_retrying_deadlocks(
-    pool: ConnectionPool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
+    pool: Pool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
 ) -> list[dict]:
     for attempt in range(1, _DEADLOCK_TRIES + 1):
         try:
@@ -245,7 +262,7 @@ def _finish_retrying_deadlocks(
 
 
 def _finish(
-    pool: ConnectionPool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
+    pool: Pool, done: Sequence[Finished], land_seconds: float, poll_seconds: float
 ) -> list[dict]:
     if not done:
         return []
@@ -273,6 +290,11 @@ def _finish(
     }
     with pool.connection() as conn:
         rows = conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
+        # A statement of its own (it must see a parking committed while the
+        # one above waited): late successes of payments parked in doubt.
+        late = [d for d, r in zip(done, _in_order(done, rows), strict=True) if _late(d, r)]
+        if late:
+            _complete_late(conn, late)
     by_id = {d.row["id"]: d for d in done}
     for r in rows:
         if r["moved"]:
@@ -286,6 +308,36 @@ def _finish(
                 reason=d.decision.failure_reason,
             )
     return rows
+
+
+def _in_order(done: Sequence[Finished], rows: Sequence[dict]) -> list[dict | None]:
+    by_id = {r["id"]: r for r in rows}
+    return [by_id.get(d.row["id"]) for d in done]
+
+
+def _late(item: Finished, row: dict | None) -> bool:
+    """A success recorded on its attempt row that moved no payment."""
+    return (
+        row is not None
+        and row["recorded"]
+        and not row["moved"]
+        and item.result.outcome is Outcome.SUCCEEDED
+    )
+
+
+def _complete_late(conn: Connection, late: Sequence[Finished]) -> None:
+    rows = conn.execute(
+        q("complete_late_success"),
+        {
+            "ids": [d.row["id"] for d in late],
+            "due_ats": [d.row["due_at"] for d in late],
+            "attempts": [d.row["attempt"] for d in late],
+            "gateway_refs": [d.result.gateway_ref for d in late],
+            "actor": worker_name(),
+        },
+    ).fetchall()
+    for r in rows:
+        log_transition(r["id"], Status.FAILED, Status.COMPLETED, reason="late_success")
 
 
 def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
@@ -317,6 +369,7 @@ def reap_expired(conn: Connection, *, limit: int, config: Config) -> list[dict]:
                 "statuses": [d.status.value for d in decisions],
                 "failure_reasons": [d.failure_reason and d.failure_reason.value for d in decisions],
                 "in_doubts": [d.in_doubt for d in decisions],
+                "counteds": [policy.counts_expiry(r["call_in_flight"]) for r in locked],
                 "land_seconds": config.in_flight_bound_seconds,
             },
             prepare=True,
@@ -350,9 +403,12 @@ def complete_from_gateway(
     return row is not None
 
 
-def redrive(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> bool:
+def redrive(
+    conn: Connection, payment_id: uuid.UUID, *, actor: str, processor: str | None = None
+) -> bool:
     """A parked payment back to PENDING with a fresh budget and the next key
-    generation (call only after a conclusive lookup found nothing)."""
+    generation (call only after a conclusive lookup found nothing, at
+    ``processor``: a payment called at another processor is left alone)."""
     due_from, due_to = due_range(payment_id)
     row = conn.execute(
         q("redrive"),
@@ -361,6 +417,7 @@ def redrive(conn: Connection, payment_id: uuid.UUID, *, actor: str) -> bool:
             "due_from": due_from,
             "due_to": due_to,
             "actor": actor,
+            "processor": processor,
         },
     ).fetchone()
     if row is not None:

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from psycopg import Connection
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
 from paycron.errors import LimitReached
 from paycron.sql import q
+from paycron.store.db import Connection
 
 SIGNATURE_HEADER = "Paycron-Signature"
 EVENT_ID_HEADER = "Paycron-Event-Id"

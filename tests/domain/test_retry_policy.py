@@ -28,7 +28,9 @@ from paycron.domain.policy import (
     Lookup,
     Settlement,
     after_lease_expiry,
+    after_lease_expiry_limit,
     after_lookup,
+    at_lease_expiry_limit,
     backoff,
     decide,
     judge_lookup,
@@ -392,16 +394,61 @@ LEASE_EXPIRY = [
     expiry(1, False, True, P, None, True),
     expiry(1, True, False, P, None, True),
     expiry(1, True, True, P, None, True),
-    # The limit-th expiry parks it (a poison payment must not loop), doubt kept.
-    expiry(2, False, False, F, LER, False),
-    expiry(2, False, True, F, LER, True),
-    expiry(2, True, False, F, LER, True),
-    expiry(2, True, True, F, LER, True),
-    expiry(3, False, False, F, LER, False),
+    # The limit-th counted expiry parks nothing by itself (its call may have
+    # charged): back to PENDING in doubt, looked up on its next claim. Only
+    # when that claim's lease expires too is it parked, doubt kept (a poison
+    # payment must not loop). Only an expiry whose call was in flight counts:
+    # a claim that never got its attempt row (a lost message, a
+    # crash-looping deploy) made no call and never parks.
+    expiry(2, False, False, P, None, False),
+    expiry(2, False, True, P, None, True),
+    expiry(2, True, False, P, None, True),
+    expiry(2, True, True, P, None, True),
+    expiry(3, False, False, P, None, False),
     expiry(3, False, True, F, LER, True),
-    expiry(3, True, False, F, LER, True),
+    expiry(3, True, False, P, None, True),
     expiry(3, True, True, F, LER, True),
 ]
+
+
+@pytest.mark.parametrize(
+    "lookup,doubt,status,reason,doubt_after",
+    [
+        (Lookup(Answer.NONE, conclusive=False), True, F, LER, True),
+        (Lookup(Answer.NONE, conclusive=True), True, F, LER, False),
+        (
+            Lookup(Answer.CHARGED, charge=Charge("ch_1", "p", 2500, "USD", "succeeded")),
+            True,
+            Status.COMPLETED,
+            None,
+            False,
+        ),
+        (
+            Lookup(Answer.PROCESSING, charge=Charge("ch_1", "p", 2500, "USD", "processing")),
+            True,
+            Status.AWAITING_GATEWAY,
+            None,
+            False,
+        ),
+        (
+            Lookup(Answer.MISMATCHED, charge=Charge("ch_1", "p", 9, "USD", "succeeded")),
+            True,
+            F,
+            FailureReason.LOOKUP_MISMATCH,
+            True,
+        ),
+    ],
+)
+def test_after_lease_expiry_limit(lookup, doubt, status, reason, doubt_after):
+    assert not at_lease_expiry_limit(CONFIG.max_lease_expiries - 1, CONFIG)
+    assert at_lease_expiry_limit(CONFIG.max_lease_expiries, CONFIG)
+    d = after_lease_expiry_limit(lookup, failures=2, in_doubt=doubt)
+    assert (d.status, d.failure_reason, d.in_doubt, d.next_key) == (
+        status,
+        reason,
+        doubt_after,
+        False,
+    )
 
 
 @pytest.mark.parametrize("lease_expiries,doubt,in_flight,status,reason,doubt_after", LEASE_EXPIRY)

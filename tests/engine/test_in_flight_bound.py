@@ -11,7 +11,7 @@ import redis
 
 from paycron.engine import dead_letters
 from paycron.engine.execution import Executor
-from paycron.errors import DeadLetterActionRefused
+from paycron.errors import DeadLetterActionRefused, GatewayError
 from paycron.limits.breaker import CircuitBreaker
 from paycron.processors.card.client import HttpGateway
 from paycron.store.db import make_pool
@@ -214,3 +214,52 @@ def test_the_call_that_exhausts_the_budget_keeps_its_lookup_inconclusive(
     assert after["key_generation"] == 1
     with pytest.raises(DeadLetterActionRefused, match="may still land"):
         dead_letters.redrive(conn, executor.gateway, row["id"], actor="ops")
+
+
+def unbounded_doubt(conn, config, **columns):
+    """In doubt from before the in-flight bound was recorded (no calls_land_by)."""
+    since = datetime.now(UTC) - timedelta(seconds=config.gateway_key_retention_seconds)
+    return insert_payment(
+        conn, in_doubt=True, in_doubt_since=since, calls_land_by=None, failures=2, **columns
+    )
+
+
+def test_a_doubt_without_a_bound_is_never_conclusive(conn, config, scripted):
+    """A re-drive of a row parked in doubt with no recorded bound finds
+    nothing: that is not conclusive (an old call may still land), so it is
+    refused and the key stays."""
+    row = unbounded_doubt(
+        conn, config, status="FAILED", failure_reason="RETRIES_EXHAUSTED", attempt=6
+    )
+    conn.execute(
+        "INSERT INTO dead_letters (payment_id, due_at, payer, reason) "
+        "VALUES (%s, %s, %s, 'RETRIES_EXHAUSTED')",
+        (row["id"], row["due_at"], row["payer"]),
+    )
+    gateway = HttpGateway(scripted.url, timeout=config.gateway_timeout_seconds)
+    try:
+        with pytest.raises(DeadLetterActionRefused, match="not known"):
+            dead_letters.redrive(conn, gateway, row["id"], actor="ops")
+    finally:
+        gateway.close()
+    after = payment(conn, row["id"])
+    assert (after["status"], after["key_generation"], after["in_doubt"]) == ("FAILED", 1, True)
+
+
+def test_a_failed_lookup_of_a_doubt_without_a_bound_keeps_the_groups_outcomes(
+    conn, config, scripted, executor, monkeypatch
+):
+    scripted.answers[111] = OK
+    old = unbounded_doubt(conn, config)
+    neighbour = insert_payment(conn, amount_minor=111)
+
+    def unreachable(request):
+        raise GatewayError("processor unreachable")
+
+    monkeypatch.setattr(executor.gateway, "find_charges", unreachable)
+    executor.execute(claim_due(conn, limit=2, lease_seconds=config.lease_seconds))
+    assert payment(conn, neighbour["id"])["status"] == "COMPLETED"
+    after = payment(conn, old["id"])
+    assert (after["status"], after["in_doubt"], after["key_generation"]) == ("PENDING", True, 1)
+    assert after["run_at"] > datetime.now(UTC) + timedelta(seconds=60)  # asked again later
+    assert scripted.charge_requests() == 1  # the neighbour's call only

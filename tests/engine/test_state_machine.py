@@ -465,6 +465,16 @@ class PaymentMachine(RuleBasedStateMachine):
         held.finished = True
         payment.attempts[held.claim.attempt] = done.result.outcome
         payment.events.append((EventType.ATTEMPT_FINISHED, "UNCHANGED", held.claim.attempt))
+        if (
+            payment.status is Status.FAILED
+            and payment.in_doubt
+            and done.result.outcome is Outcome.SUCCEEDED
+        ):
+            # A late success completes a payment parked in doubt.
+            payment.in_doubt, payment.failure_reason = False, None
+            payment.dead_letter_open = False
+            payment.changed(Status.COMPLETED)
+            self.reached["zombie finish: late success completes"] += 1
 
     @precondition(
         lambda self: any(p.status is Status.PENDING and p.attempt for p in self.payments.values())
@@ -536,8 +546,10 @@ class PaymentMachine(RuleBasedStateMachine):
                 # The zombie's call has reached the gateway (or never will).
                 holder.effect = self._draw_call(data, payment)
             payment.in_doubt = payment.in_doubt or in_flight
-            payment.lease_expiries += 1
-            if payment.lease_expiries >= CONFIG.max_lease_expiries:
+            # Only an expiry of a call in flight counts; the limit-th one is
+            # looked up on its next claim, the one after parks (in doubt).
+            payment.lease_expiries += in_flight
+            if in_flight and payment.lease_expiries > CONFIG.max_lease_expiries:
                 payment.failure_reason = FailureReason.LEASE_EXPIRED_REPEATEDLY
                 payment.dead_letter_open = True
                 payment.changed(Status.FAILED)

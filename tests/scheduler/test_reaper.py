@@ -58,8 +58,9 @@ def test_seed_every_state_reap_only_expired_processing(engine, conn):
     }
     assert row_of(conn, live["id"])["status"] == "PROCESSING"
     reaped = row_of(conn, rows["PROCESSING"]["id"])
-    assert (reaped["attempt"], reaped["lease_expiries"], reaped["lease_until"]) == (1, 1, None)
-    assert not reaped["in_doubt"]  # no attempt row: the call never started
+    # no attempt row: the call never started, so the expiry neither counts nor doubts
+    assert (reaped["attempt"], reaped["lease_expiries"], reaped["lease_until"]) == (1, 0, None)
+    assert not reaped["in_doubt"]
 
 
 def test_a_reaped_in_flight_call_puts_the_payment_in_doubt(engine, conn):
@@ -139,14 +140,24 @@ def test_a_reclaimed_payment_is_charged_once(engine, conn, gateway):
 
 
 def test_repeated_lease_expiry_parks_a_poison_payment(engine, conn, config):
+    """It kills its worker every time, the lookup's claim included: parked
+    in doubt, its event saying the outcome is unknown."""
     row = insert_payment(conn)
-    for n in range(config.max_lease_expiries):
+    for n in range(config.max_lease_expiries + 1):
         [(claims, _)] = engine.sweep()
         assert claims == [Claim(row["id"], row["due_at"], n + 1)]
+        # its worker starts the call and dies every time
+        transitions.start(engine.pool, claims, lease_seconds=30)
         expire(conn, row["id"])
         engine.reaper.run_once()
     final = row_of(conn, row["id"])
     assert (final["status"], final["failure_reason"]) == ("FAILED", "LEASE_EXPIRED_REPEATEDLY")
+    assert final["in_doubt"]
+    last = conn.execute(
+        "SELECT data FROM payment_events WHERE payment_id = %s ORDER BY id DESC LIMIT 1",
+        (row["id"],),
+    ).fetchone()["data"]
+    assert last["failureReason"] == "LEASE_EXPIRED_REPEATEDLY" and last["outcomeUnknown"] is True
     [dead] = conn.execute("SELECT * FROM dead_letters").fetchall()
     assert dead["reason"] == "LEASE_EXPIRED_REPEATEDLY"
     assert engine.sweep() == []

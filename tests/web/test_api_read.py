@@ -62,6 +62,8 @@ def test_get_pending_shows_next_attempt(client, alice):
         str(uuid.uuid4()),
         str(new_payment_id(datetime(2001, 1, 1, tzinfo=UTC))),
     ],
+    # Stable ids, whatever the values: parallel runners must collect the same tests.
+    ids=["not-a-uuid", "digits", "nil", "injection", "unknown-uuid4", "unknown-payment-id"],
 )
 def test_unknown_or_malformed_ids_are_404(client, alice, path_id):
     for method in (client.get, client.delete):

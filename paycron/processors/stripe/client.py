@@ -21,6 +21,8 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import stripe
+from stripe import RequestOptions
+from stripe.params import PaymentIntentConfirmParams, PaymentIntentCreateParams
 
 from paycron.config import Config
 from paycron.domain.enums import FailureReason, Outcome
@@ -35,7 +37,12 @@ from paycron.domain.processing import (
     LookupRequest,
     Refund,
 )
-from paycron.errors import GatewayError, GatewayRequestRefused, ProcessorPaymentMissing
+from paycron.errors import (
+    ConfigError,
+    GatewayError,
+    GatewayRequestRefused,
+    ProcessorPaymentMissing,
+)
 from paycron.processors.stripe.transport import NotSent, PooledHttpClient
 from paycron.processors.wire import error_code_of, retry_after
 
@@ -169,9 +176,9 @@ def intent_as_charge(intent: Mapping[str, Any]) -> Charge:
     return Charge(
         id=str(intent.get("id")),
         reference=str(metadata.get(METADATA_KEY) or ""),
-        amount=intent.get("amount"),
+        amount=intent["amount"],
         currency=str(intent.get("currency", "")).upper(),
-        status=INTENT_STATUSES.get(intent.get("status"), str(intent.get("status"))),
+        status=_status(INTENT_STATUSES, intent),
         customer=intent.get("customer"),
         created_at=_created(intent.get("created")),
     )
@@ -182,7 +189,13 @@ def _charge_status(charge: Mapping[str, Any]) -> str:
         charge.get("refunded") or charge.get("amount_refunded")
     ):
         return REFUNDED
-    return CHARGE_STATUSES.get(charge.get("status"), str(charge.get("status")))
+    return _status(CHARGE_STATUSES, charge)
+
+
+def _status(table: Mapping[str, str], obj: Mapping[str, Any]) -> str:
+    """The engine's name of ``obj``'s status; one we do not know, as Stripe spells it."""
+    status = str(obj.get("status"))
+    return table.get(status, status)
 
 
 def _created(value: Any) -> datetime | None:
@@ -229,6 +242,8 @@ class StripeGateway:
         max_connections: int = 64,
         take_token: Callable[[], None] | None = None,
     ) -> StripeGateway:
+        if not config.stripe_api_key:
+            raise ConfigError("STRIPE_API_KEY is not set")
         return cls(
             api_key=config.stripe_api_key,
             api_base=config.stripe_api_base,
@@ -247,29 +262,32 @@ class StripeGateway:
     # ---- the charge
 
     def charge(self, request: ChargeRequest, *, timeout: float | None = None) -> CallResult:
-        options = {"idempotency_key": request.idempotency_key}
+        options: RequestOptions = {"idempotency_key": request.idempotency_key}
         try:
             with self._http.timeout(timeout):
                 if request.confirm:
                     # A retried decline: the same intent (it succeeds at most once).
+                    confirm: PaymentIntentConfirmParams = {}
+                    if request.payment_method is not None:
+                        confirm["payment_method"] = request.payment_method
+                    confirm["off_session"] = True
                     intent = self._client.v1.payment_intents.confirm(
-                        request.confirm,
-                        params={"payment_method": request.payment_method, "off_session": True},
-                        options=options,
+                        request.confirm, params=confirm, options=options
                     )
                 else:
-                    intent = self._client.v1.payment_intents.create(
-                        params={
-                            "amount": request.amount,
-                            "currency": request.currency.lower(),
-                            "customer": request.customer,
-                            "payment_method": request.payment_method,
-                            "confirm": True,
-                            "off_session": True,
-                            "metadata": {METADATA_KEY: request.reference},
-                        },
-                        options=options,
-                    )
+                    create: PaymentIntentCreateParams = {
+                        "amount": request.amount,
+                        "currency": request.currency.lower(),
+                    }
+                    # The SDK sends no parameter that is None: neither do we.
+                    if request.customer is not None:
+                        create["customer"] = request.customer
+                    if request.payment_method is not None:
+                        create["payment_method"] = request.payment_method
+                    create["confirm"] = True
+                    create["off_session"] = True
+                    create["metadata"] = {METADATA_KEY: request.reference}
+                    intent = self._client.v1.payment_intents.create(params=create, options=options)
         except NotSent as exc:
             return CallResult(Outcome.RETRYABLE_ERROR, error_code=_cause(exc))
         except stripe.APIConnectionError as exc:
@@ -377,7 +395,7 @@ class StripeGateway:
                 Charge(
                     id=charge["id"],
                     reference=reference,
-                    amount=charge.get("amount"),
+                    amount=charge["amount"],
                     currency=str(charge.get("currency", "")).upper(),
                     status=_charge_status(charge),
                     customer=charge.get("customer"),

@@ -47,8 +47,17 @@ class PooledHttpClient(stripe.HTTPClient):
         finally:
             self._local.seconds = None
 
-    def request(
-        self, method: str, url: str, headers: Mapping[str, str] | None, post_data=None
+    # The SDK annotates the body as str, but its own clients answer bytes and
+    # it decodes them itself (a body that is not UTF-8 becomes its APIError):
+    # so do we, and the override's return type differs from the annotation.
+    def request(  # type: ignore[override]
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None,
+        post_data=None,
+        *,
+        _usage: list[str] | None = None,
     ) -> tuple[bytes, int, Mapping[str, str]]:
         seconds = getattr(self._local, "seconds", None) or self._seconds
         try:

@@ -12,10 +12,11 @@ RETURNING id;
 -- Events to apply now, oldest first, each claimed for %(claim_seconds)s by
 -- moving its next attempt out (committed before the processor is asked: no
 -- connection waits on a call; a crash only delays the event). SKIP LOCKED:
--- schedulers share them.
+-- schedulers share them. Only events of %(processor)s, the processor this
+-- scheduler can ask: another's events wait for a scheduler configured for it.
 WITH due AS (
     SELECT processor, id FROM gateway_events
-    WHERE applied_at IS NULL AND next_attempt_at <= now()
+    WHERE applied_at IS NULL AND next_attempt_at <= now() AND processor = %(processor)s
     ORDER BY next_attempt_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -126,7 +126,8 @@ WITH claim AS (
       AND (p.processor IS NULL OR p.processor = %(processor)s)
     RETURNING p.id, p.due_at, p.attempt, p.payer, p.amount_minor, p.currency, p.failures,
               p.in_doubt, p.key_in_use, p.customer, p.payment_method, p.key_generation,
-              p.gateway_intent_id, p.calls_land_by, p.in_doubt_since
+              p.gateway_intent_id, p.calls_land_by, p.in_doubt_since, p.lease_expiries,
+              p.processor
 ), started AS (
     INSERT INTO attempts (payment_id, attempt, gateway_key, key_generation, processor,
                           outcome, worker, due_at)
@@ -214,7 +215,8 @@ WITH outcome AS (
     SELECT o.id, o.due_at, o.payer, o.failure_reason, o.error_code
     FROM outcome o JOIN moved m ON m.id = o.id
     WHERE m.status = 'FAILED'
-      AND o.failure_reason IN ('RETRIES_EXHAUSTED', 'LOOKUP_MISMATCH', 'GATEWAY_REJECTED')
+      AND o.failure_reason IN ('RETRIES_EXHAUSTED', 'LOOKUP_MISMATCH', 'GATEWAY_REJECTED',
+                               'LEASE_EXPIRED_REPEATEDLY')
     ON CONFLICT (payment_id) WHERE resolution IS NULL DO NOTHING
 )
 SELECT o.id, f.payment_id IS NOT NULL AS recorded, m.id IS NOT NULL AS moved, m.status
@@ -222,9 +224,63 @@ FROM outcome o
 LEFT JOIN finished f ON f.payment_id = o.id
 LEFT JOIN moved m ON m.id = o.id;
 
+-- name: complete_late_success
+-- A call whose answer came after its payment was parked in doubt (a hung
+-- worker's late SUCCEEDED, already on its own attempt row): the payment is
+-- FAILED only because nobody knew; the money moved, so it is COMPLETED by
+-- CAS (only from FAILED in doubt, only for an attempt row that says
+-- SUCCEEDED), with its event, and its open dead letter resolved.
+WITH late AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[],
+                         %(gateway_refs)s::text[])
+        AS l(id, due_at, attempt, gateway_ref)
+), completed AS (
+    UPDATE payments p
+    SET status = 'COMPLETED', failure_reason = NULL, in_doubt = false, in_doubt_since = NULL,
+        updated_at = now()
+    FROM late l
+    WHERE p.id = l.id AND p.due_at = l.due_at AND p.status = 'FAILED' AND p.in_doubt
+      AND p.attempt >= l.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      AND EXISTS (SELECT 1 FROM attempts a
+                  WHERE a.payment_id = l.id AND a.attempt = l.attempt
+                    AND a.outcome = 'SUCCEEDED')
+    RETURNING p.id, p.payer, p.attempt, l.attempt AS late_attempt, l.gateway_ref
+), events AS (
+    INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
+    SELECT id, payer, 'payment.completed', 'COMPLETED', attempt,
+           jsonb_strip_nulls(jsonb_build_object(
+               'outcome', 'SUCCEEDED', 'gatewayRef', gateway_ref, 'lateAttempt', late_attempt))
+    FROM completed
+), resolved AS (
+    UPDATE dead_letters d
+    SET resolution = 'COMPLETED', resolved_by = %(actor)s, resolved_at = now(),
+        note = 'a late answer of attempt ' || c.late_attempt || ': charged'
+    FROM completed c
+    WHERE d.payment_id = c.id AND d.resolution IS NULL
+)
+SELECT id FROM completed;
+
+-- name: lock_claims_to_release
+-- A release, step 1 (one transaction with release_claims): lock the claims
+-- still held as claimed, so that step 2, a statement of its own, sees every
+-- attempt row a worker's start committed before the lock was granted (a
+-- single UPDATE re-checking a locked row would judge NOT EXISTS on its old
+-- snapshot and release a started claim).
+SELECT p.id FROM payments p
+JOIN unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
+    AS c(id, due_at, attempt) ON p.id = c.id AND p.due_at = c.due_at
+WHERE p.status = 'PROCESSING' AND p.attempt = c.attempt
+  AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+ORDER BY p.id
+FOR UPDATE OF p;
+
 -- name: release_claims
--- The breaker is open: give held claims back without a call and without
--- using budget. run_at is kept, so the backlog drains oldest-first later.
+-- Give held claims back without a call and without using budget (the
+-- breaker is open, or the broker refused the message): run_at is kept, so
+-- the backlog drains oldest-first later. Fenced on what a worker's start
+-- writes: a claim whose attempt row exists was started (its call may
+-- charge) and is never handed back; a message delivered after its release
+-- finds the claim gone and is dropped by start's fence.
 WITH claim AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
         AS c(id, due_at, attempt)
@@ -234,10 +290,13 @@ WITH claim AS (
     FROM claim c
     WHERE p.id = c.id AND p.due_at = c.due_at AND p.status = 'PROCESSING'
       AND p.attempt = c.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      AND NOT EXISTS (SELECT 1 FROM attempts a
+                      WHERE a.payment_id = c.id AND a.attempt = c.attempt)
     RETURNING p.id, p.payer, p.attempt
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
-    SELECT id, payer, 'payment.released', 'PENDING', attempt, '{"reason": "circuit_open"}'
+    SELECT id, payer, 'payment.released', 'PENDING', attempt,
+           jsonb_build_object('reason', %(reason)s::text)
     FROM released
 )
 SELECT id FROM released;
@@ -268,8 +327,8 @@ FOR UPDATE OF p SKIP LOCKED;
 WITH decided AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[],
                          %(statuses)s::text[], %(failure_reasons)s::text[],
-                         %(in_doubts)s::bool[])
-        AS d(id, due_at, attempt, status, failure_reason, in_doubt)
+                         %(in_doubts)s::bool[], %(counteds)s::bool[])
+        AS d(id, due_at, attempt, status, failure_reason, in_doubt, counted)
 ), marked AS (
     UPDATE attempts a SET outcome = 'LEASE_EXPIRED', finished_at = now()
     FROM decided d
@@ -279,7 +338,8 @@ WITH decided AS (
     UPDATE payments p
     SET status = d.status,
         failure_reason = d.failure_reason,
-        lease_expiries = p.lease_expiries + 1,
+        -- only an expiry whose call was in flight counts (policy.counts_expiry)
+        lease_expiries = p.lease_expiries + CASE WHEN d.counted THEN 1 ELSE 0 END,
         in_doubt = d.in_doubt,
         in_doubt_since = CASE WHEN d.in_doubt
                               THEN coalesce(p.in_doubt_since, m.started_at, now()) END,
@@ -299,7 +359,11 @@ WITH decided AS (
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
     SELECT id, payer, 'payment.' || lower(status), status, attempt,
-           jsonb_build_object('reason', 'lease_expired', 'inDoubt', in_doubt)
+           jsonb_strip_nulls(jsonb_build_object(
+               'reason', 'lease_expired', 'inDoubt', in_doubt,
+               'failureReason', CASE WHEN status = 'FAILED' THEN 'LEASE_EXPIRED_REPEATEDLY' END,
+               -- parked in doubt: the outcome is unknown, a charge may exist
+               'outcomeUnknown', CASE WHEN status = 'FAILED' AND in_doubt THEN true END))
     FROM reaped
 ), parked AS (
     INSERT INTO dead_letters (payment_id, due_at, payer, reason, last_error)
@@ -347,7 +411,8 @@ SELECT id, attempt FROM completed;
 -- generation (the processor may replay a stored answer for the old key),
 -- after a lookup found nothing conclusively (paycron.engine.dead_letters). Only
 -- RETRIES_EXHAUSTED and LEASE_EXPIRED_REPEATEDLY: a decline needs a new
--- payment.
+-- payment. Only when the lookup was asked at the payment's own processor
+-- (%(processor)s; another processor's "nothing" is no answer).
 WITH redriven AS (
     UPDATE payments
     SET status = 'PENDING', failure_reason = NULL, failures = 0, lease_expiries = 0,
@@ -357,6 +422,7 @@ WITH redriven AS (
     WHERE id = %(id)s AND due_at >= %(due_from)s AND due_at < %(due_to)s
       AND status = 'FAILED'
       AND failure_reason IN ('RETRIES_EXHAUSTED', 'LEASE_EXPIRED_REPEATEDLY')
+      AND (%(processor)s::text IS NULL OR processor IS NULL OR processor = %(processor)s)
     RETURNING id, payer, attempt
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
@@ -449,9 +515,12 @@ SELECT id, status FROM settled;
 -- asked, so no connection waits on a call, two schedulers never poll one
 -- payment at once (SKIP LOCKED), and a crash only delays a poll. Every
 -- waiting payment is due in the past: %(now)s prunes future partitions.
+-- Only payments waiting at %(processor)s, the processor this scheduler can
+-- ask: another processor's answer about them would be no answer.
 WITH due AS (
     SELECT id, due_at FROM payments
     WHERE status = 'AWAITING_GATEWAY' AND next_poll_at <= now() AND due_at <= %(now)s
+      AND processor = %(processor)s
     ORDER BY next_poll_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
