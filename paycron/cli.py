@@ -312,7 +312,8 @@ def dlq_redrive(payment_id: str, by: str) -> None:
 @click.argument("payment_id")
 @_by
 def dlq_refund(payment_id: str, by: str) -> None:
-    """Refund the payment's charge at the gateway (keyed refund:<id>)."""
+    """Refund the payment's charge at its processor (keyed refund:<payment id> at the
+    fake, refund:<intent id> at Stripe)."""
     _dlq_action(dead_letters.refund, payment_id, event="dead_letter.refund", actor=by)
 
 

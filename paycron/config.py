@@ -125,7 +125,7 @@ class Config:
     #: A payment AWAITING_GATEWAY without its event is retrieved after this,
     #: then after 30 min, 2 h and every 12 h (when its event was lost).
     gateway_poll_seconds: float = setting(300.0, parse_duration)
-    #: Gateway calls per second, all workers together (and the claim pace).
+    #: Processor calls per second, all workers together (and the claim pace).
     gateway_rate_limit: int = setting(100, int)
     #: How long a claim is a worker's before the reaper hands it back.
     lease_seconds: float = setting(120.0, parse_duration)
@@ -194,7 +194,7 @@ class Config:
     #: (0: never), so no request holds a connection and a thread for long: a
     #: page reads a few ms; 5 s leaves room for a slow disk, not for a scan.
     web_statement_timeout: float = setting(5.0, parse_duration)
-    #: Gateway calls one worker process keeps in flight at most; what it keeps
+    #: Processor calls one worker process keeps in flight at most; what it keeps
     #: is sized from the ceiling and the observed latency (paycron/engine/inflight.py).
     #: 256 covers a 200/s ceiling at 1 s with headroom in a single process.
     gateway_max_in_flight: int = setting(256, int)

@@ -107,6 +107,21 @@ class GatewayError(PaycronError):
     code = "GATEWAY_UNAVAILABLE"
 
 
+class GatewayRequestRefused(GatewayError):
+    """The processor answered, and refused our request as invalid (a 400 or
+    404 that is not a rate limit): a bug in paycron or a change of the
+    processor's API, not an outage — asking again later will not help."""
+
+    code = "PROCESSOR_REFUSED_REQUEST"
+
+
+class ProcessorPaymentMissing(GatewayRequestRefused):
+    """The processor holds no payment by that id for this account (a 404):
+    what we stored names something that is not there to ask about."""
+
+    code = "PROCESSOR_PAYMENT_MISSING"
+
+
 class OtherProcessor(GatewayError):
     """The payment was called at another processor than the one this process
     is configured for: only its own processor can say what it holds, and

@@ -26,6 +26,7 @@ from paycron.engine import lookups
 from paycron.errors import GatewayError
 from paycron.processors.base import Processor
 from paycron.store import transitions
+from paycron.store.clock import database_now
 from paycron.store.payments import get_payment
 from reconciliation import store
 from reconciliation.diff import (
@@ -124,7 +125,7 @@ def _confirm_missing(
             continue
         payment = get_payment(conn, item.payment_id, actor=None, with_attempts=False)
         try:
-            lookup = lookups.ask_processor(gateway, payment)
+            lookup = lookups.ask_processor(gateway, payment, now=database_now(conn))
         except GatewayError as exc:
             kept.append(
                 Item(item.kind, item.payment_id, None, {**item.detail, "lookupError": str(exc)})
@@ -155,7 +156,7 @@ def _await(
         if payment is None:
             continue
         try:
-            lookup = lookups.ask_processor(gateway, payment)
+            lookup = lookups.ask_processor(gateway, payment, now=database_now(conn))
         except GatewayError as exc:  # unreachable, or another processor's payment
             log.warning("reconciliation: lookup of payment=%s failed: %s", each.payment_id, exc)
             continue

@@ -29,6 +29,7 @@ from paycron.observability.startup import one_line_errors, preflight, schema_pen
 from paycron.processors.factory import build_processor
 from paycron.store.db import make_pool, make_redis
 from paycron.store.migrate import wait_until_current
+from scheduler import gateway_events
 from scheduler.gateway_events import GatewayEventService
 from scheduler.partition_keeper import PartitionKeeper
 from scheduler.reaper import Reaper
@@ -101,8 +102,13 @@ def build(config: Config) -> Scheduler:
         GatewayEventService(
             config=config,
             pool=events_pool,
+            # As many keep-alive connections as retrieves in flight: a smaller
+            # pool discards one per burst ("Connection pool is full") and
+            # pays a new TLS handshake each time.
             gateway=build_processor(
-                config, max_connections=4, call_limiter=CallLimiter(client, config)
+                config,
+                max_connections=gateway_events.CONCURRENCY,
+                call_limiter=CallLimiter(client, config),
             ),
         ),
     ]

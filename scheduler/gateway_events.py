@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 
 from paycron.config import Config
 from paycron.domain import policy
+from paycron.errors import ProcessorPaymentMissing
+from paycron.observability import metrics
 from paycron.processors.base import Processor
 from paycron.store import processor_events as gateway_events
 from paycron.store.db import Pool
@@ -115,6 +117,12 @@ class GatewayEventService(PeriodicService):
             return self._done(event, Result.UNKNOWN_PAYMENT, counts)
         try:
             charge = self.gateway.retrieve(event["intent_id"])
+        except ProcessorPaymentMissing as exc:
+            # Signed by the processor, about a payment it does not hold for
+            # this account (another account's, or our configuration's): a
+            # human must look; asking again will not find it.
+            _page_missing(event["payment_id"], event["intent_id"], exc)
+            return self._done(event, Result.PAGED, counts)
         except Exception as exc:  # the processor is down: the event waits
             log.warning("gateway event %s: retrieve failed (%s)", event["id"], type(exc).__name__)
             counts.failed += 1
@@ -175,6 +183,13 @@ class GatewayEventService(PeriodicService):
         counts = EventCounts(polled=1)
         try:
             charge = self.gateway.retrieve(row["gateway_intent_id"])
+        except ProcessorPaymentMissing as exc:
+            # What the payment waits for is not there to ask about: never
+            # polled silently forever. Paged now and at every later poll.
+            _page_missing(row["id"], row["gateway_intent_id"], exc)
+            counts.failed += 1
+            counts.paged += 1
+            return counts
         except Exception as exc:  # asked again at its next poll
             log.warning("poll of payment %s failed (%s)", row["id"], type(exc).__name__)
             counts.failed += 1
@@ -193,3 +208,16 @@ class GatewayEventService(PeriodicService):
             )
             counts.paged += 1
         return counts
+
+
+def _page_missing(payment_id, intent_id: str, exc: Exception) -> None:
+    """Page (ERROR, so Sentry; and the metric) a waiting payment whose
+    processor-side payment cannot be retrieved."""
+    metrics.PROCESSOR_PAYMENT_MISSING.inc()
+    log.error(
+        "payment %s waits for processor payment %s, which the processor does not hold "
+        "for this account (%s): check the processor account and settle it by hand: page",
+        payment_id,
+        intent_id,
+        exc,
+    )

@@ -42,6 +42,7 @@ import urllib3
 from psycopg_pool import ConnectionPool
 
 from paycron.config import Config
+from paycron.deadline import DeadlineExceeded, deadline, pool_manager
 from paycron.errors import ConfigError
 from paycron.observability.outages import FailureLog
 from paycron.store import webhooks
@@ -72,7 +73,7 @@ class RelayConfig:
     (WEBHOOK_*, through :meth:`from_config`) and the relay's own constants."""
 
     concurrency: int  # WEBHOOK_CONCURRENCY: endpoints served at once; also the claim batch
-    timeout_seconds: float  # WEBHOOK_TIMEOUT_SECONDS: one delivery's limit
+    timeout_seconds: float  # WEBHOOK_TIMEOUT_SECONDS: one delivery's limit, wall clock
     backoff_max_seconds: float  # WEBHOOK_BACKOFF_MAX_SECONDS
     allow_private_hosts: bool  # WEBHOOK_ALLOW_PRIVATE_HOSTS: loopback/private receivers too
     lease_seconds: float = DEFAULT_LEASE_SECONDS
@@ -151,7 +152,9 @@ class WebhookRelay(PeriodicService):
             max_workers=self.config.concurrency, thread_name_prefix="webhook"
         )
         timeout = self.config.timeout_seconds
-        self._http = urllib3.PoolManager(
+        # Each delivery has a wall-clock deadline (paycron/deadline.py): a
+        # receiver that trickles its answer holds a relay thread no longer.
+        self._http = pool_manager(
             num_pools=64,
             maxsize=self.config.concurrency,
             block=False,
@@ -285,16 +288,19 @@ class WebhookRelay(PeriodicService):
             webhooks.SIGNATURE_HEADER: webhooks.signature(lease.secret, int(time.time()), body),
         }
         try:
-            response = self._request(destination, body, headers)
+            with deadline(self.config.timeout_seconds):
+                response = self._request(destination, body, headers)
+                try:
+                    if len(response.read(_MAX_RESPONSE_BYTES)) < _MAX_RESPONSE_BYTES:
+                        response.release_conn()  # read to the end: keep the connection alive
+                    else:
+                        response.close()
+                except (urllib3.exceptions.HTTPError, OSError):
+                    response.close()  # the status line arrived; the body is not ours to judge
+        except DeadlineExceeded:
+            return None, "deadline_exceeded"
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return None, type(exc).__name__
-        try:
-            if len(response.read(_MAX_RESPONSE_BYTES)) < _MAX_RESPONSE_BYTES:
-                response.release_conn()  # read to the end: keep the connection alive
-            else:
-                response.close()
-        except (urllib3.exceptions.HTTPError, OSError):
-            response.close()  # the status line arrived; the body is not ours to judge
         status = response.status
         return status, None if 200 <= status < 300 else f"http_{status}"
 

@@ -5,8 +5,10 @@ LOCKED`` hands each a disjoint batch. The sweep drains while batches claim
 anything, paced by one token bucket in Redis shared by every scheduler, and
 keeps only CLAIM_AHEAD_SECONDS of the ceiling queued beyond what is in
 flight: a deeper queue is a FIFO again, and a payer that falls due later
-would wait behind it (docs/design.md). When the queue is full it looks again
-shortly rather than after a whole interval. While the circuit breaker is
+would wait behind it (docs/design.md). The room left is counted and claimed under one lock
+shared by every sweeper (``lock_claim_room``), so concurrent sweeps never
+each fill the same room. When the queue is full it looks again shortly
+rather than after a whole interval. While the circuit breaker is
 open it claims nothing; half-open, the one sweeper that wins the probe token
 claims the single oldest due row.
 """
@@ -29,6 +31,7 @@ from paycron.store.transitions import (
     ENQUEUE_FAILED,
     Claim,
     claim_due,
+    claim_within_room,
     count_queued,
     next_due_wait,
     release,
@@ -149,6 +152,24 @@ class Sweeper(PeriodicService):
         metrics.CLAIMS.inc(len(claims))
         return claims
 
+    def _claim_within_room(
+        self, limit: int, live_from: datetime | None = None
+    ) -> tuple[list[Claim], int]:
+        """Up to ``limit`` claims within the queue's room, and that room
+        (counted and claimed under the lock every sweeper takes)."""
+        with self.pool.connection() as conn:
+            claims, room = claim_within_room(
+                conn,
+                limit=limit,
+                claim_ahead=self.settings.claim_ahead,
+                lease_seconds=self.settings.lease_seconds,
+                processor=self.settings.processor,
+                live_from=live_from,
+            )
+        # Committed (and the lock released): a crash leaves leases to the reaper.
+        metrics.CLAIMS.inc(len(claims))
+        return claims, room
+
     def run_once(self) -> SweepCounts:
         counts = SweepCounts()
         state = self.breaker.state()
@@ -165,7 +186,8 @@ class Sweeper(PeriodicService):
                     self.breaker.close()
             return counts
         # What is queued, from Postgres (the schedule of record), not from
-        # the broker's private layout.
+        # the broker's private layout: a first look sizes the pace's tokens;
+        # the room is counted again, under the lock, with each claim.
         with self.pool.connection() as conn:
             # Read once per run: every claim of the run prunes with it.
             live_from = live_bound(conn)
@@ -175,17 +197,18 @@ class Sweeper(PeriodicService):
             granted = self.pacer.take(min(self.settings.claim_batch, room))
             if granted == 0:
                 break
-            claims = self._claim(granted, live_from)
+            claims, room = self._claim_within_room(granted, live_from)
             self.pacer.give_back(granted - len(claims))
             self._send(claims, counts)
             counts.claimed += len(claims)
             counts.batches += 1
-            room -= len(claims)
             # A short batch may only mean some payer had less than its fair
-            # share: go on until a batch claims nothing.
+            # share: go on until a batch claims nothing. One that claims
+            # nothing for want of room (another sweep filled it) is paced.
             if not claims:
-                counts.paced = False
+                counts.paced = room <= 0
                 break
+            room -= len(claims)
         if not counts.paced and self.settings.prompt_start:
             with self.pool.connection() as conn:
                 counts.next_due = next_due_wait(

@@ -297,3 +297,51 @@ def refusing_writes_of(conn, customer: str) -> Iterator[None]:
                 )
             )
         conn.execute(sql.SQL("DROP FUNCTION {name}()").format(name=name))
+
+
+class TricklingServer:
+    """A real HTTP server on loopback that answers every request with
+    ``status`` and ``payload`` one byte every ``interval`` seconds, status
+    line and headers included (the slow-loris answer a socket read timeout
+    never trips on). ``hung_up`` counts answers whose client left before the
+    last byte; ``requests`` counts requests received."""
+
+    def __init__(self, payload: bytes, *, status: int = 200, interval: float = 0.25):
+        self.requests = 0
+        self.hung_up = 0
+        self._stop = threading.Event()
+        server = self
+
+        class Handler(QuietHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _trickle(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                server.requests += 1
+                head = (
+                    f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+                ).encode()
+                try:
+                    for i in range(len(head + payload)):
+                        self.wfile.write((head + payload)[i : i + 1])
+                        self.wfile.flush()
+                        if server._stop.wait(interval):
+                            return
+                except OSError:  # the client hung up: what a deadline does
+                    server.hung_up += 1
+                self.close_connection = True
+
+            do_GET = do_POST = _trickle
+
+        self.server = serve_on_loopback(Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.shutdown()
+        self.server.server_close()

@@ -117,17 +117,22 @@ def show(payment_id: UUID):
 
 
 _GATEWAY_UNAVAILABLE = problem("The gateway could not be asked (GATEWAY_UNAVAILABLE).")
+_PROCESSOR_REFUSED = problem(
+    "The processor refused paycron's request: a bug or an API change, not an outage "
+    "(PROCESSOR_REFUSED_REQUEST, PROCESSOR_PAYMENT_MISSING)."
+)
 
 
 def _gateway_action(refused: str):
     """The contract of an action that asks the gateway first (re-drive,
     refund): admin only, the letter's id in the path, what was done, or
-    409 ``refused``, or 502."""
+    409 ``refused``, or 500 (the processor refused our request), or 502."""
     stack = [
         require_admin,
         bp.path(LetterPath()),
         bp.response(200, DeadLetterActionSchema, description="What was done."),
         bp.alt_response(409, **problem(refused)),
+        bp.alt_response(500, **_PROCESSOR_REFUSED),
         bp.alt_response(502, **_GATEWAY_UNAVAILABLE),
     ]
 

@@ -22,6 +22,7 @@ from paycron.errors import (
     CancelRefused,
     DeadLetterActionRefused,
     GatewayError,
+    GatewayRequestRefused,
     IdempotencyKeyReused,
     LimitReached,
     NotFound,
@@ -43,6 +44,9 @@ _STATUS_BY_ERROR: list[tuple[type[PaycronError], int]] = [
     (DeadLetterActionRefused, 409),
     (LimitReached, 409),
     (RateLimited, 429),
+    # The processor refused our request: our bug or its API's change, not an
+    # outage (a 502 would tell the operator to wait): an internal error.
+    (GatewayRequestRefused, 500),
     (GatewayError, 502),
     # A create that may or may not have committed (docs/operations.md): retry it with
     # the same Idempotency-Key, which returns the payment or creates it once.

@@ -22,6 +22,7 @@ from paycron.errors import DeadLetterActionRefused, NotFound, OtherProcessor
 from paycron.processors.base import Processor
 from paycron.sql import q
 from paycron.store import transitions
+from paycron.store.clock import database_now
 from paycron.store.db import Connection
 from paycron.store.payments import get_payment
 
@@ -66,7 +67,7 @@ def redrive(
     letter = _open_letter(conn, payment_id)
     payment = get_payment(conn, payment_id, actor=None, with_attempts=False)
     assert payment is not None  # it has an open dead letter
-    lookup = _ask(gateway, payment)
+    lookup = _ask(conn, gateway, payment)
     if lookup.answer is Answer.CHARGED:
         if transitions.complete_from_gateway(
             conn,
@@ -116,11 +117,12 @@ def redrive(
     )
 
 
-def _ask(gateway: Processor, payment: dict) -> Lookup:
-    """The lookup a human action stands on; refused, not guessed, when this
-    process is configured for another processor than the payment's."""
+def _ask(conn: Connection, gateway: Processor, payment: dict) -> Lookup:
+    """The lookup a human action stands on (judged on the database's clock);
+    refused, not guessed, when this process is configured for another
+    processor than the payment's."""
     try:
-        return lookups.ask_processor(gateway, payment)
+        return lookups.ask_processor(gateway, payment, now=database_now(conn))
     except OtherProcessor as exc:
         raise DeadLetterActionRefused(str(exc)) from None
 
@@ -147,7 +149,7 @@ def refund(
         raise DeadLetterActionRefused(
             "the payment waits for the processor's outcome: nothing to refund yet"
         )
-    lookup = _ask(gateway, payment)
+    lookup = _ask(conn, gateway, payment)
     if lookup.answer is Answer.PROCESSING:
         # A debit still processing (a payment parked in doubt): it waits for
         # the processor's outcome like any other, polled until it settles.

@@ -33,6 +33,7 @@ from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import CallLimiter
 from paycron.observability import metrics
 from paycron.processors.base import Processor
+from paycron.store.clock import DatabaseClock
 from paycron.store.db import Pool
 from paycron.store.transitions import Claim, Finished, finish, release, start
 
@@ -67,13 +68,14 @@ PARKED_REASONS = frozenset(
 MIN_SEND_SECONDS = 1.0
 
 
-def decide_by_lookup(gateway: Processor, done: Finished) -> Finished:
+def decide_by_lookup(gateway: Processor, done: Finished, *, now: datetime) -> Finished:
     """A payment whose calls may have charged (exhausted in doubt, ten "key in
     use" answers in a row, a rejected request in doubt) is asked about by
     reference before its decision is written; :func:`policy.after_lookup`
-    decides. A lookup that fails proves nothing: the decision stands, in doubt."""
+    decides. A lookup that fails proves nothing: the decision stands, in doubt.
+    ``now``: the database's clock (paycron/store/clock.py)."""
     row = done.row
-    lookup = _ask(gateway, row, in_doubt=done.decision.in_doubt)
+    lookup = _ask(gateway, row, in_doubt=done.decision.in_doubt, now=now)
     if lookup.answer is Answer.NONE and done.result.may_land:
         # The call just made may still land (its bound, written by this
         # finish, is ahead whatever the row's older one says), or a 409 said
@@ -93,11 +95,12 @@ def _found(lookup: policy.Lookup) -> CallResult | None:
     return None
 
 
-def _ask(gateway: Processor, row: dict, *, in_doubt: bool) -> policy.Lookup:
+def _ask(gateway: Processor, row: dict, *, in_doubt: bool, now: datetime) -> policy.Lookup:
     """The lookup of one payment row (conclusive as the row's in-flight bound
-    says), logging what must be paged; an error is an inconclusive *none*."""
+    says, on the database's clock), logging what must be paged; an error is
+    an inconclusive *none*."""
     try:
-        lookup = lookups.ask_processor(gateway, {**row, "in_doubt": in_doubt})
+        lookup = lookups.ask_processor(gateway, {**row, "in_doubt": in_doubt}, now=now)
     except Exception as exc:  # unreachable or an absurd answer: proves nothing
         log.warning("lookup failed for %s: %s", row["id"], type(exc).__name__)
         return policy.Lookup(Answer.NONE, conclusive=False)
@@ -137,6 +140,7 @@ class Executor:
         calls: ThreadPool | None = None,
         on_latency: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        db_clock: DatabaseClock | None = None,
     ):
         self.config = config
         self.pool = pool
@@ -147,6 +151,8 @@ class Executor:
         self.calls = calls
         self.on_latency = on_latency
         self.clock = clock
+        # Times the database wrote (bounds, doubt's start) are compared on its clock.
+        self.db_clock = db_clock or DatabaseClock(pool)
 
     def execute(self, claims: Sequence[Claim], *, probe: bool = False) -> GroupCounts:
         counts = GroupCounts(claims=len(claims))
@@ -188,7 +194,7 @@ class Executor:
         counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
         for i, item in enumerate(done):
             if item.decision.needs_lookup:
-                done[i] = decide_by_lookup(self.gateway, item)
+                done[i] = decide_by_lookup(self.gateway, item, now=self.db_clock.now())
                 counts.looked_up += 1
         recorded = finish(
             self.pool,
@@ -285,13 +291,13 @@ class Executor:
         if not row["in_doubt"] or since is None:
             return False
         keep = self.config.gateway_key_retention_seconds - self.config.in_flight_bound_seconds
-        return (datetime.now(UTC) - since).total_seconds() > keep
+        return (self.db_clock.now() - since).total_seconds() > keep
 
     def _look_up_before_parking(self, row: dict) -> Finished:
         """A payment whose leases kept expiring with its call in flight: asked
         about by reference, never called again; parked unless the lookup
         finds its charge or the processor still processing it."""
-        lookup = _ask(self.gateway, row, in_doubt=row["in_doubt"])
+        lookup = _ask(self.gateway, row, in_doubt=row["in_doubt"], now=self.db_clock.now())
         decision = policy.after_lease_expiry_limit(
             lookup, failures=row["failures"], in_doubt=row["in_doubt"]
         )
@@ -308,12 +314,13 @@ class Executor:
         base = Decision(
             Status.PENDING, failures=row["failures"], in_doubt=True, key_in_use=row["key_in_use"]
         )
-        lookup = _ask(self.gateway, row, in_doubt=True)
+        now = self.db_clock.now()
+        lookup = _ask(self.gateway, row, in_doubt=True, now=now)
         decision = policy.after_lookup(base, lookup)
         if lookup.answer is Answer.NONE and not lookup.conclusive:
             # asked again once the bound has passed (no bound recorded: later)
             bound = row["calls_land_by"]
-            wait = 0.0 if bound is None else (bound - datetime.now(UTC)).total_seconds()
+            wait = 0.0 if bound is None else (bound - now).total_seconds()
             decision = replace(decision, delay=max(wait, policy.LOOKUP_RECHECK_DELAY))
         return Finished(
             row,

@@ -39,6 +39,19 @@ EWMA_ALPHA = 0.05
 HEADROOM = 1.5
 
 
+class Room:
+    """The room one group holds in an :class:`InFlightLimit`. Held or not is
+    its membership of the limit's set, changed by one operation under the
+    limit's lock: an exception raised into the thread at any point (Dramatiq's
+    time limit) can neither leave it held by no one nor give it back twice."""
+
+    __slots__ = ("size", "running")
+
+    def __init__(self, size: int):
+        self.size = size
+        self.running = False  # its group has started: only the group gives it back
+
+
 class InFlightLimit:
     """A counting limit whose size follows Little's law."""
 
@@ -54,7 +67,7 @@ class InFlightLimit:
         self.max_in_flight = max_in_flight
         self.floor = min(floor, max_in_flight)
         self.latency = initial_latency
-        self.held = 0
+        self._rooms: set[Room] = set()
         self._waiting = 0  # threads in acquire, waiting for room
         self._cond = threading.Condition()
 
@@ -62,6 +75,12 @@ class InFlightLimit:
     def size(self) -> int:
         wanted = math.ceil(self.rate * self.latency * HEADROOM)
         return max(self.floor, min(self.max_in_flight, wanted))
+
+    @property
+    def held(self) -> int:
+        """Claims admitted: the sum of the rooms held (computed, never counted
+        up and down, so no interruption can make it drift)."""
+        return sum(room.size for room in list(self._rooms))
 
     def observe(self, seconds: float) -> None:
         """One call's duration: the mean moves, and so may the size. Waiters
@@ -73,22 +92,30 @@ class InFlightLimit:
             if self._waiting and self.size > before:
                 self._cond.notify_all()
 
-    def acquire(self, n: int) -> None:
-        """Wait until ``n`` more fit (a group larger than the limit is let in alone)."""
+    def acquire(self, room: Room, *, running: bool = False) -> None:
+        """Wait until ``room`` fits (a group larger than the limit is let in
+        alone), then hold it; at once if it is held already. ``running``:
+        its group starts now, and only it gives the room back."""
         with self._cond:
-            while self.held and self.held + n > self.size:
+            while room not in self._rooms and self._rooms and self.held + room.size > self.size:
                 self._waiting += 1
                 try:
                     self._cond.wait()
                 finally:
                     self._waiting -= 1
-            self.held += n
+            self._rooms.add(room)
+            room.running = room.running or running
 
-    def release(self, n: int) -> None:
+    def release(self, room: Room, *, unless_running: bool = False) -> None:
+        """Give ``room`` back (again is a no-op); with ``unless_running``, not
+        while its group runs in it."""
         with self._cond:
-            self.held -= n
-            if self._waiting:
-                self._cond.notify_all()
+            if unless_running and room.running:
+                return
+            if room in self._rooms:
+                self._rooms.discard(room)
+                if self._waiting:
+                    self._cond.notify_all()
 
 
 class Dispatcher:
@@ -106,14 +133,21 @@ class Dispatcher:
     def submit(self, claims: Sequence[Claim], *, probe: bool = False) -> None:
         """Admit a group (blocking while the process is full: back pressure
         on the broker) and return; its calls are made in the background."""
-        self.limit.acquire(len(claims))
+        room = Room(len(claims))
         try:
-            self._groups.submit(self._run, claims, probe)
+            self.limit.acquire(room)
+            self._groups.submit(self._run, claims, probe, room)
         except BaseException:
-            self.limit.release(len(claims))
+            # Refused, or interrupted anywhere (Dramatiq's time limit raises
+            # in this thread between any two statements): give the room back
+            # unless the group already runs in it. A group still queued takes
+            # room again before it runs, so the room is neither leaked nor
+            # given back twice, and no group runs outside the bound.
+            self.limit.release(room, unless_running=True)
             raise
 
-    def _run(self, claims: Sequence[Claim], probe: bool) -> None:
+    def _run(self, claims: Sequence[Claim], probe: bool, room: Room) -> None:
+        self.limit.acquire(room, running=True)
         try:
             self.executor.execute(claims, probe=probe)
         except Exception as exc:  # the rows stay leased; the reaper returns them
@@ -123,4 +157,4 @@ class Dispatcher:
             with self._failures_lock:
                 self._failures.succeeded()
         finally:
-            self.limit.release(len(claims))
+            self.limit.release(room)

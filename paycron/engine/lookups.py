@@ -10,7 +10,7 @@ the answer. *None* is conclusive only once the payment's in-flight bound
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from paycron.domain.policy import Lookup, judge_lookup
 from paycron.domain.processing import LookupRequest
@@ -31,15 +31,17 @@ def conclusive_at(payment: Mapping) -> datetime | None:
     return payment.get("calls_land_by")
 
 
-def is_conclusive(payment: Mapping, now: datetime | None = None) -> bool:
+def is_conclusive(payment: Mapping, now: datetime) -> bool:
     """A *none* is conclusive when the payment is not in doubt, or once its
-    in-flight bound has passed. In doubt with no bound recorded (a row from
-    before the bound was kept, until the migration that backfills it ran) is
-    never conclusive: an old call may still land."""
+    in-flight bound has passed at ``now`` — the database's clock
+    (paycron/store/clock.py), which wrote the bound: never an app host's. In
+    doubt with no bound recorded (a row from before the bound was kept, until
+    the migration that backfills it ran) is never conclusive: an old call may
+    still land."""
     if not payment["in_doubt"]:
         return True
     at = payment.get("calls_land_by")
-    return at is not None and (now or datetime.now(UTC)) >= at
+    return at is not None and now >= at
 
 
 def check_processor(gateway: Processor, payment: Mapping) -> None:
@@ -53,12 +55,14 @@ def check_processor(gateway: Processor, payment: Mapping) -> None:
         raise OtherProcessor(own, gateway.name)
 
 
-def ask_processor(gateway: Processor, payment: Mapping, *, now: datetime | None = None) -> Lookup:
+def ask_processor(gateway: Processor, payment: Mapping, *, now: datetime) -> Lookup:
     """What the processor holds for ``payment`` (a row of ``payments``: id,
     amount_minor, currency, customer, due_at, in_doubt, calls_land_by,
-    processor). Raises :class:`~paycron.errors.GatewayError` when it cannot
-    be asked, :class:`~paycron.errors.OtherProcessor` (one) when ``gateway``
-    is not the payment's own processor."""
+    processor), with ``now`` the database's clock read before asking (a
+    *none* is judged as of then: erring on the side of inconclusive). Raises
+    :class:`~paycron.errors.GatewayError` when it cannot be asked,
+    :class:`~paycron.errors.OtherProcessor` (one) when ``gateway`` is not the
+    payment's own processor."""
     check_processor(gateway, payment)
     payment_id = str(payment["id"])
     found = gateway.find_charges(

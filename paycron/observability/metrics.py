@@ -43,6 +43,10 @@ TRIGGER_LATENESS = Histogram(
     "First attempt's start minus the due time",
     buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900, 3600),
 )
+PROCESSOR_PAYMENT_MISSING = Counter(
+    "paycron_processor_payment_missing",
+    "Waiting payments whose processor-side payment the processor does not hold (paged)",
+)
 BREAKER_RELEASES = Counter(
     "paycron_breaker_releases", "Claims handed back unspent while the breaker was open"
 )

@@ -155,6 +155,36 @@ def next_due_wait(conn: Connection, *, within: float, live_from: datetime) -> fl
     return row["seconds"]
 
 
+def claim_within_room(
+    conn: Connection,
+    *,
+    limit: int,
+    claim_ahead: int,
+    lease_seconds: float,
+    processor: str = "fake",
+    live_from: datetime | None = None,
+) -> tuple[list[Claim], int]:
+    """Up to ``limit`` claims, no more than the queue's room (``claim_ahead``
+    less the claims queued), and that room: counted and claimed in one
+    transaction under a lock every sweeper takes, so the room another sweep
+    just filled is seen filled and two sweeps never each fill it."""
+    with conn.transaction():
+        conn.execute(q("lock_claim_room"))
+        room = claim_ahead - count_queued(conn, live_from)
+        claims = (
+            claim_due(
+                conn,
+                limit=min(limit, room),
+                lease_seconds=lease_seconds,
+                processor=processor,
+                live_from=live_from,
+            )
+            if room > 0
+            else []
+        )
+    return claims, room
+
+
 def count_queued(conn: Connection, live_from: datetime | None = None) -> int:
     """Claims waiting for their call: PROCESSING with no attempt row yet
     (``live_from``: as for :func:`claim_due`)."""

@@ -594,3 +594,29 @@ def test_amounts_are_major_units_with_the_minor_units_on_hover(
         assert f'<span class="money" {title}>{shown}</span>' in html, url
         if shown != f"{amount} {currency}":  # never the minor units as if major
             assert f">{amount} {currency}<" not in html
+
+
+def test_the_confirmation_says_which_keys_a_redrive_and_a_refund_use(signed_in, conn):
+    """A re-drive that finds nothing moves to the next key generation (the
+    processor replays its stored answer for the current one), and Stripe
+    keys a refund by the intent it refunds, not by the payment id."""
+    row = park(conn, key_generation=2, processor="stripe")
+    redrive = signed_in.get(f"/console/dead-letters/{row['id']}/redrive").get_data(as_text=True)
+    assert "the same idempotency key" not in redrive
+    assert f"next idempotency key ({row['id']}:3)" in redrive
+    assert f"not the current one ({row['id']}:2)" in redrive
+    refund = signed_in.get(f"/console/dead-letters/{row['id']}/refund").get_data(as_text=True)
+    assert "refund:&lt;intent id&gt;" in refund and "refund:&lt;payment id&gt;" not in refund
+    at_fake = park(conn, processor="fake")
+    refund = signed_in.get(f"/console/dead-letters/{at_fake['id']}/refund").get_data(as_text=True)
+    assert "refund:&lt;payment id&gt;" in refund
+
+
+def test_the_selection_promises_the_next_key_not_the_same_one(signed_in, conn):
+    rows = [park(conn) for _ in range(2)]
+    confirm = signed_in.post(
+        "/console/dead-letters/redrive-selected",
+        data={"csrf_token": page_token(signed_in), "payment_id": [str(r["id"]) for r in rows]},
+    )
+    html = confirm.get_data(as_text=True)
+    assert "the same idempotency key" not in html and "next idempotency key" in html

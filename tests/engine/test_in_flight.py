@@ -5,16 +5,21 @@ scripted gateway over real HTTP and the real Postgres."""
 
 from __future__ import annotations
 
+import concurrent.futures.thread
 import json
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
+from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from paycron.domain.policy import KEY_IN_USE_LOOKUP_AFTER
+from paycron.engine import inflight
 from paycron.engine.execution import Executor
-from paycron.engine.inflight import HEADROOM, Dispatcher, InFlightLimit
+from paycron.engine.inflight import HEADROOM, Dispatcher, InFlightLimit, Room
 from paycron.limits.breaker import CircuitBreaker
 from paycron.processors.card.client import CardProcessor
 from paycron.store.db import make_pool
@@ -174,16 +179,19 @@ def test_the_in_flight_size_follows_latency_within_its_bound():
 
 def test_a_full_process_admits_no_more_until_calls_finish():
     limit = InFlightLimit(rate=10, max_in_flight=4, initial_latency=1.0)  # size 4
-    limit.acquire(3)
+    three, two = Room(3), Room(2)
+    limit.acquire(three)
     admitted = threading.Event()
-    waiter = threading.Thread(target=lambda: (limit.acquire(2), admitted.set()))
+    waiter = threading.Thread(target=lambda: (limit.acquire(two), admitted.set()))
     waiter.start()
     assert not admitted.wait(0.3)  # 3 + 2 > 4: waits
-    limit.release(3)
+    limit.release(three)
     assert admitted.wait(5)
     waiter.join()
-    limit.release(2)
-    limit.acquire(9)  # larger than the limit, but alone: let in rather than stuck
+    limit.release(two)
+    limit.release(two)  # given back twice: still given back once
+    assert limit.held == 0
+    limit.acquire(Room(9))  # larger than the limit, but alone: let in rather than stuck
     assert limit.held == 9
 
 
@@ -298,3 +306,82 @@ def test_an_absurd_lookup_answer_does_not_lose_the_groups_outcomes(
     assert payment(conn, neighbour["id"])["status"] == "COMPLETED"
     after = payment(conn, looked_up["id"])
     assert (after["status"], after["in_doubt"]) == ("PENDING", True)
+
+
+class _Interrupt:
+    """Dramatiq's time limit, deterministically: raises TimeLimitExceeded in
+    this thread at the ``at``-th point of the admission — each line of the
+    dispatcher's code, and the moment the thread pool's ``submit`` returns
+    with the group queued (Dramatiq raises asynchronously, between any two
+    statements, once)."""
+
+    def __init__(self, at: int):
+        self.at, self.points, self.fired = at, 0, False
+
+    def _point(self):
+        self.points += 1
+        if self.points == self.at:
+            self.fired = True
+            time.sleep(0.05)  # a group already handed off starts meanwhile
+            raise TimeLimitExceeded()
+
+    def _in_dispatcher(self, frame, event, arg):
+        if event == "line":
+            self._point()
+        return self._in_dispatcher
+
+    def _in_pool_submit(self, frame, event, arg):
+        if event == "return":
+            self._point()
+        return self._in_pool_submit
+
+    def __call__(self, frame, event, arg):
+        code = frame.f_code
+        if code.co_filename == inflight.__file__:
+            return self._in_dispatcher(frame, event, arg)
+        if code.co_filename == concurrent.futures.thread.__file__ and code.co_name == "submit":
+            return self._in_pool_submit
+        return None
+
+
+class _Recording:
+    """An executor that records the room held while its group runs, once the
+    admission is over (returned or interrupted)."""
+
+    def __init__(self, limit):
+        self.limit, self.held_while_running = limit, []
+        self.admitted = threading.Event()
+
+    def execute(self, claims, *, probe=False):
+        self.admitted.wait(5)
+        self.held_while_running.append(self.limit.held)
+
+
+def test_a_time_limit_anywhere_in_submit_neither_leaks_nor_double_frees_the_room():
+    """Interrupted at every line of the admission in turn: afterwards no room
+    is held (nothing leaked, nothing given back twice), and a group that runs
+    holds its room while it runs."""
+    at = 0
+    while True:
+        at += 1
+        limit = InFlightLimit(rate=10, max_in_flight=10, initial_latency=1.0)
+        executor = _Recording(limit)
+        interrupt = _Interrupt(at)
+        with ThreadPoolExecutor(max_workers=1) as groups:
+            groups.submit(lambda: None).result()  # a thread waits for the group
+            dispatcher = Dispatcher(executor=executor, limit=limit, groups=groups)
+            sys.settrace(interrupt)
+            try:
+                dispatcher.submit(["a", "b", "c"])
+            except TimeLimitExceeded:
+                pass
+            finally:
+                sys.settrace(None)
+                executor.admitted.set()
+        assert limit.held == 0, f"interrupted at point {at}: {limit.held} claims' room leaked"
+        assert all(held >= 3 for held in executor.held_while_running), (
+            f"interrupted at point {at}: the group ran outside its room"
+        )
+        if not interrupt.fired:
+            break  # every line of the admission has been interrupted once
+    assert at > 5  # the admission was walked, not skipped

@@ -17,6 +17,7 @@ from paycron.engine import dead_letters, lookups
 from paycron.errors import DeadLetterActionRefused, OtherProcessor
 from paycron.processors.factory import build_processor
 from paycron.store import transitions
+from paycron.store.clock import database_now
 from paycron.store.db import make_pool
 from scheduler.gateway_events import GatewayEventService
 from tests.factories import insert_payment, park
@@ -97,7 +98,7 @@ def test_a_redrive_from_a_process_of_another_processor_is_refused(
 def test_a_lookup_at_another_processor_raises_instead_of_answering_none(conn, fake):
     row = parked_at_stripe(conn)
     with pytest.raises(OtherProcessor):
-        lookups.ask_processor(fake, row)
+        lookups.ask_processor(fake, row, now=database_now(conn))
     # and the re-drive's write itself is fenced on the payment's processor
     assert not transitions.redrive(conn, row["id"], actor="ops-fake", processor="fake")
     assert payment(conn, row["id"])["key_generation"] == 1

@@ -11,6 +11,7 @@ import redis
 from paycron.domain.enums import Outcome
 from paycron.domain.processing import ChargeRequest
 from paycron.engine.execution import Executor
+from paycron.errors import ProcessorPaymentMissing
 from paycron.limits.breaker import CircuitBreaker
 from paycron.processors.card.client import CardProcessor
 from paycron.store.db import make_pool
@@ -105,3 +106,14 @@ def test_one_bad_answer_does_not_lose_its_groups_outcomes(config, conn, scripted
         rows[unwritable["id"]]["outcome"],
         rows[unwritable["id"]]["gateway_ref"],
     ) == ("COMPLETED", "SUCCEEDED", UNWRITABLE)
+
+
+def test_a_charge_the_card_processor_does_not_hold_is_missing_not_unavailable(gateway):
+    """A retrieve answered 404 is a missing processor payment (paged by the
+    poller), not GATEWAY_UNAVAILABLE, which tells an operator to wait."""
+    adapter = CardProcessor(gateway.url, timeout=2)
+    try:
+        with pytest.raises(ProcessorPaymentMissing):
+            adapter.retrieve("ch_not_held_here")
+    finally:
+        adapter.close()

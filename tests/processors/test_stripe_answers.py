@@ -20,9 +20,10 @@ import pytest
 from paycron.config import STRIPE_API_VERSION
 from paycron.domain.enums import FailureReason, Outcome
 from paycron.domain.processing import ChargeRequest, LookupRequest
-from paycron.errors import GatewayError
+from paycron.errors import GatewayError, GatewayRequestRefused, ProcessorPaymentMissing
 from paycron.processors.stripe.client import StripeProcessor
 from tests.support import QuietHandler, serve_on_loopback
+from web.problems import status_for
 
 KEY = "sk_test_scripted_0123456789"
 JSON = {"Content-Type": "application/json"}
@@ -56,6 +57,7 @@ class ScriptedStripe:
     def __init__(self):
         self.answers: dict[str, list] = {}
         self.pages: list[dict] = []
+        self.gets: dict[str, tuple] = {}  # an answer by path, instead of a page
         self.requests: list[dict] = []
         stub = self
 
@@ -81,7 +83,11 @@ class ScriptedStripe:
                 self.answer(status, body, headers)
 
             def do_GET(self):
-                self._record(b"")
+                path = self._record(b"")
+                if path in stub.gets:
+                    status, headers, body = stub.gets[path]
+                    self.answer(status, body, headers)
+                    return
                 after = parse_qs(urlsplit(self.path).query).get("starting_after", [None])[0]
                 index = (
                     0
@@ -300,6 +306,23 @@ ROWS = {
         False,
         "resource_missing",
     ),
+    # Stripe sends ``code`` "for some errors" only: none is no decline.
+    "400-no-code": (
+        error(400, type="invalid_request_error", message="Invalid request"),
+        Outcome.REJECTED,
+        False,
+        FailureReason.INVALID_REQUEST,
+        False,
+        "http_400",
+    ),
+    "404-no-code": (
+        error(404, type="invalid_request_error", message="Unrecognized request URL"),
+        Outcome.REJECTED,
+        False,
+        FailureReason.INVALID_REQUEST,
+        False,
+        "http_404",
+    ),
     "401": (
         error(401, type="invalid_request_error", message="Invalid API Key provided"),
         Outcome.AUTH_FAILED,
@@ -434,6 +457,38 @@ def test_a_lookup_that_cannot_list_raises(stripe_stub, adapter):
             gateway.find_charges(LookupRequest(reference="x", customer="cus_1"))
     finally:
         gateway.close()
+
+
+def test_a_list_stripe_refuses_is_our_request_refused_not_an_outage(stripe_stub, adapter):
+    """A 400 to a list is a bug or an API change: a distinct error (500
+    PROCESSOR_REFUSED_REQUEST), not GATEWAY_UNAVAILABLE/502, which tells an
+    operator to wait out something waiting will not fix."""
+    stripe_stub.gets["/v1/payment_intents"] = error(
+        400, type="invalid_request_error", code="parameter_unknown", param="created[gte]"
+    )
+    with pytest.raises(GatewayRequestRefused) as refused:
+        adapter.find_charges(LookupRequest(reference="x", customer="cus_1"))
+    assert refused.value.code == "PROCESSOR_REFUSED_REQUEST"
+    assert "parameter_unknown" in str(refused.value)
+    assert status_for(refused.value) == 500
+
+
+def test_a_list_stripe_rate_limits_is_still_unavailability(stripe_stub, adapter):
+    stripe_stub.gets["/v1/payment_intents"] = error(
+        400, type="invalid_request_error", code="rate_limit"
+    )
+    with pytest.raises(GatewayError) as failed:
+        adapter.find_charges(LookupRequest(reference="x", customer="cus_1"))
+    assert not isinstance(failed.value, GatewayRequestRefused)
+    assert status_for(failed.value) == 502
+
+
+def test_an_intent_stripe_does_not_hold_is_missing(stripe_stub, adapter):
+    stripe_stub.gets["/v1/payment_intents/pi_elsewhere"] = error(
+        404, type="invalid_request_error", code="resource_missing", param="intent"
+    )
+    with pytest.raises(ProcessorPaymentMissing):
+        adapter.retrieve("pi_elsewhere")
 
 
 def test_calls_from_many_threads_share_one_pool(stripe_stub, adapter):

@@ -358,3 +358,55 @@ def test_a_signed_body_that_is_no_event_is_a_400_not_a_500(web, conn, body):
     assert answer.status_code == 400, answer.data
     assert answer.json["code"] == "INVALID_EVENT"
     assert count(conn, "gateway_events") == 0
+
+
+def _missing_pages() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("paycron_processor_payment_missing_total") or 0.0
+
+
+def test_a_waiting_payment_the_processor_does_not_hold_is_paged_at_each_poll(
+    engine, service, conn, gateway, caplog
+):
+    """Its intent cannot be retrieved (a 404: another account's, or gone): the
+    poller pages (ERROR, the metric, the run's counts) instead of asking in
+    silence at every interval forever."""
+    row = waiting(engine, conn)
+    conn.execute(
+        "UPDATE payments SET gateway_intent_id = 'pi_of_another_account',"
+        " next_poll_at = now() - interval '1 second' WHERE id = %s",
+        (row["id"],),
+    )
+    before = _missing_pages()
+    with caplog.at_level(logging.ERROR, logger="paycron.gateway_events"):
+        counts = service.run_once()
+    assert (counts.polled, counts.paged) == (1, 1)
+    assert _missing_pages() == before + 1
+    [paged] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert str(row["id"]) in paged.getMessage() and "pi_of_another_account" in paged.getMessage()
+    assert payment(conn, row["id"])["status"] == "AWAITING_GATEWAY"  # a human settles it
+
+
+def test_an_event_about_an_intent_the_processor_does_not_hold_is_paged(
+    engine, service, web, conn, gateway, caplog
+):
+    row = waiting(engine, conn)
+    event = {
+        "id": "evt_about_another_account",
+        "type": "payment_intent.succeeded",
+        "data": {
+            "object": {
+                "id": "pi_of_another_account",
+                "object": "payment_intent",
+                "metadata": {"paycron_payment_id": str(row["id"])},
+            }
+        },
+    }
+    assert deliver(web, event).status_code == 200
+    before = _missing_pages()
+    with caplog.at_level(logging.ERROR, logger="paycron.gateway_events"):
+        counts = service.run_once()
+    assert counts.paged == 1 and _missing_pages() == before + 1
+    assert service.run_once().applied == 0  # done with: not retried in silence
+    assert payment(conn, row["id"])["status"] == "AWAITING_GATEWAY"

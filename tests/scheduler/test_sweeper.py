@@ -147,6 +147,35 @@ def test_only_two_seconds_of_the_ceiling_are_queued_beyond_what_is_in_flight(mak
     assert engine.sweeper.wait_after(counts) < engine.sweeper.interval_seconds
 
 
+def test_two_sweeps_at_once_fill_the_queue_bound_once(make_engine, conn):
+    """Sweep B runs whole between sweep A's first look at the room and A's
+    claim: A counts the room again under the lock every sweep takes, finds
+    it filled, and claims nothing more (without the lock, both fill it)."""
+    bulk_insert(conn, 60)
+    a, b = (
+        make_engine(claim_ahead=10, claim_batch=10, gateway_rate_limit=100_000) for _ in range(2)
+    )
+    pacer = a.sweeper.pacer
+
+    class BSweepsFirst:
+        ran = False
+
+        def take(self, n):
+            if not self.ran:
+                self.ran = True
+                assert b.sweeper.run_once().claimed == 10
+            return pacer.take(n)
+
+        def give_back(self, n):
+            pacer.give_back(n)
+
+    a.sweeper.pacer = BSweepsFirst()
+    counts = a.sweeper.run_once()
+    assert (counts.claimed, counts.paced) == (0, True)  # the room was gone: looks again soon
+    queued = conn.execute("SELECT count(*) AS n FROM payments WHERE status = 'PROCESSING'")
+    assert queued.fetchone()["n"] == 10
+
+
 def test_a_drained_schedule_waits_the_whole_interval(make_engine, conn):
     insert_payment(conn)
     engine = make_engine()

@@ -351,7 +351,9 @@ def test_a_hanging_endpoint_does_not_delay_another_payers(
     # Meanwhile alice's request timed out and is waiting to be retried.
     until(lambda: deliveries(conn, hung_endpoint))
     [row] = deliveries(conn, hung_endpoint)
-    assert row["last_status"] is None and row["last_error"] == "ReadTimeoutError"
+    # The socket's read timeout and the delivery's deadline are both 3 s: either ends it.
+    assert row["last_status"] is None
+    assert row["last_error"] in ("ReadTimeoutError", "deadline_exceeded")
 
 
 def test_deleted_endpoints_receive_nothing(client, alice, conn, relays, receivers):

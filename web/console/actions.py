@@ -10,28 +10,49 @@ import uuid
 from flask import current_app, flash, g, redirect, render_template, request, url_for
 
 from paycron.domain.ids import parse_payment_id
+from paycron.domain.keys import gateway_key
 from paycron.engine import dead_letters
-from paycron.errors import DeadLetterActionRefused, GatewayError, NotFound
+from paycron.errors import DeadLetterActionRefused, GatewayError, GatewayRequestRefused, NotFound
 from web.audit import audit, audited
 from web.console import bp, reads
 from web.console.session import ConsoleRefused
 
-#: What each action is called on its button, and what it will do.
-ACTIONS = {
-    "redrive": (
-        "Re-drive",
-        "Ask the gateway by reference first: a charge found completes "
-        "the payment; otherwise it goes back to PENDING with a fresh "
-        "retry budget and the same idempotency key.",
-    ),
-    "refund": (
-        "Refund",
-        "Refund the charge the gateway holds for this payment (keyed "
-        "refund:<payment id>, so it is never refunded twice) and close "
-        "the dead letter.",
-    ),
-    "dismiss": ("Dismiss", "Close the dead letter without any action at the gateway."),
-}
+#: What each action is called on its button.
+LABELS = {"redrive": "Re-drive", "refund": "Refund", "dismiss": "Dismiss"}
+#: The key a refund is made under, by the processor that holds the charge: the
+#: fake keys it by payment id, Stripe by the PaymentIntent it refunds.
+REFUND_KEYS = {"stripe": "refund:<intent id>", "fake": "refund:<payment id>"}
+
+
+def explanation(name: str, payment: dict | None = None, *, processor: str = "fake") -> str:
+    """What an action will do, said for ``payment`` (its own keys) or, without
+    one, for any payment (a selection). ``processor`` is the acting gateway's,
+    used when the payment has not been called anywhere yet."""
+    if name == "redrive":
+        if payment is None:
+            current, following = "<payment id>[:n]", "<payment id>:<n+1>"
+        else:
+            generation = payment.get("key_generation") or 1
+            current = gateway_key(payment["id"], generation)
+            following = gateway_key(payment["id"], generation + 1)
+        return (
+            "Ask the processor by reference first: a charge found completes the payment; "
+            "one still processing makes it wait for the processor's outcome. If nothing "
+            "is found and no earlier call can still land, it goes back to PENDING with a "
+            f"fresh retry budget under the next idempotency key ({following}), not the "
+            f"current one ({current}): the processor replays its stored answer for a key. "
+            "If an earlier call may still land, the re-drive is refused until then."
+        )
+    if name == "refund":
+        held_by = (payment or {}).get("processor") or processor
+        key = REFUND_KEYS.get(held_by, REFUND_KEYS["fake"])
+        return (
+            "Refund the charge the processor holds for this payment (keyed "
+            f"{key}, so it is never refunded twice) and close the dead letter."
+        )
+    return "Close the dead letter without any action at the processor."
+
+
 #: At most this many payments are re-driven by one confirmation.
 MAX_SELECTION = reads.PAGE
 
@@ -43,10 +64,10 @@ def _payment_id(text: str) -> uuid.UUID:
     return parsed
 
 
-def _action(name: str) -> tuple[str, str]:
-    if name not in ACTIONS:
+def _action(name: str) -> str:
+    if name not in LABELS:
         raise ConsoleRefused(404, "No such action.")
-    return ACTIONS[name]
+    return LABELS[name]
 
 
 def _do(conn, name: str, payment_id: uuid.UUID, *, note: str | None = None):
@@ -66,6 +87,11 @@ def _attempt(conn, name: str, payment_id: uuid.UUID, **kwargs) -> tuple[bool, st
         result = _do(conn, name, payment_id, **kwargs)
     except (DeadLetterActionRefused, NotFound) as refused:
         return False, f"{payment_id}: refused: {refused}"
+    except GatewayRequestRefused as refused:
+        return False, (
+            f"{payment_id}: the processor refused the request ({refused}); this is not an "
+            "outage and trying again will not help: report it"
+        )
     except GatewayError as failed:
         return False, f"{payment_id}: the gateway could not be asked ({failed}); try again"
     detail = f" ({result.detail})" if result.detail else ""
@@ -74,7 +100,7 @@ def _attempt(conn, name: str, payment_id: uuid.UUID, **kwargs) -> tuple[bool, st
 
 @bp.get("/dead-letters/<payment_id>/<name>")
 def confirm(payment_id: str, name: str):
-    label, explanation = _action(name)
+    label = _action(name)
     parsed = _payment_id(payment_id)
     with current_app.extensions["paycron.pool"].connection() as conn:
         try:
@@ -86,7 +112,9 @@ def confirm(payment_id: str, name: str):
         "console/confirm.html",
         name=name,
         label=label,
-        explanation=explanation,
+        explanation=explanation(
+            name, shown["payment"], processor=current_app.extensions["paycron.gateway"].name
+        ),
         payment=shown["payment"],
         letter=shown["dead_letters"][0],
     )
@@ -114,7 +142,7 @@ def redrive_selected():
         raise ConsoleRefused(400, f"At most {MAX_SELECTION} payments at once.")
     if request.form.get("confirmed") != "yes":
         return render_template(
-            "console/confirm_selection.html", ids=ids, explanation=ACTIONS["redrive"][1]
+            "console/confirm_selection.html", ids=ids, explanation=explanation("redrive")
         )
     with current_app.extensions["paycron.pool"].connection() as conn:
         for payment_id in ids:

@@ -11,9 +11,10 @@ from datetime import UTC, date, datetime
 
 import urllib3
 
+from paycron.deadline import deadline, pool_manager
 from paycron.domain.enums import Outcome
 from paycron.domain.processing import CallResult, Charge, ChargeRequest, LookupRequest, Refund
-from paycron.errors import GatewayError
+from paycron.errors import GatewayError, GatewayRequestRefused, ProcessorPaymentMissing
 from paycron.processors.card.settlement_csv import parse_report
 from paycron.processors.wire import (
     MAX_ANSWER_BYTES,
@@ -26,6 +27,9 @@ from paycron.processors.wire import (
     read_bounded,
     retry_after,
 )
+
+#: The settlement report is a day's charges, streamed: it has this long in all.
+REPORT_DEADLINE_SECONDS = 300.0
 
 
 def _json(response: urllib3.BaseHTTPResponse):
@@ -101,7 +105,9 @@ class CardProcessor:
     def __init__(self, base_url: str, *, timeout: float, max_connections: int = 64):
         self._timeout = urllib3.Timeout(connect=min(timeout, 3.0), read=timeout)
         self._call_seconds = timeout
-        self._pool = urllib3.PoolManager(
+        # Every request has a wall-clock deadline (paycron/deadline.py): the
+        # timeout above bounds each socket read only.
+        self._pool = pool_manager(
             num_pools=4, maxsize=max_connections, block=False, retries=False, timeout=self._timeout
         )
         self._base_url = base_url.rstrip("/")
@@ -117,26 +123,30 @@ class CardProcessor:
         body: dict | None = None,
         headers: dict | None = None,
         fields: dict | None = None,
-        timeout: urllib3.Timeout | None = None,
+        seconds: float | None = None,
         limit: int = MAX_ANSWER_BYTES,
     ):
-        """The answer, read to at most ``limit`` bytes (AnswerTooLarge beyond)."""
+        """One request, answered in full within ``seconds`` (the configured
+        timeout by default) or :class:`~paycron.deadline.DeadlineExceeded`,
+        read to at most ``limit`` bytes (AnswerTooLarge beyond)."""
+        seconds = seconds or self._call_seconds
         all_headers = {"Content-Type": "application/json", **(headers or {})}
-        response = self._pool.request(
-            method,
-            self._base_url + path,
-            body=json.dumps(body).encode() if body is not None else None,
-            fields=fields,
-            headers=all_headers,
-            timeout=timeout or self._timeout,
-            preload_content=False,
-        )
-        return read_bounded(response, limit)
+        with deadline(seconds):
+            response = self._pool.request(
+                method,
+                self._base_url + path,
+                body=json.dumps(body).encode() if body is not None else None,
+                fields=fields,
+                headers=all_headers,
+                timeout=urllib3.Timeout(connect=min(seconds, 3.0), read=seconds),
+                preload_content=False,
+            )
+            return read_bounded(response, limit)
 
     def charge(self, request: ChargeRequest, *, timeout: float | None = None) -> CallResult:
-        # total= bounds connect and every read together (read= alone is per
-        # read: a trickling answer could outlast it), so the call ends in time.
-        limit = urllib3.Timeout(total=min(timeout, self._call_seconds)) if timeout else None
+        # The whole call (connect, send, every read) ends within the time
+        # given, at most the configured timeout: a call never outlives its lease.
+        limit = min(timeout, self._call_seconds) if timeout else None
         try:
             response = self._request(
                 "POST",
@@ -147,25 +157,40 @@ class CardProcessor:
                     "reference": request.reference,
                 },
                 headers={"Idempotency-Key": request.idempotency_key},
-                timeout=limit,
+                seconds=limit,
             )
         except NOT_SENT as exc:
             return CallResult(Outcome.RETRYABLE_ERROR, error_code=type(exc).__name__)
         except urllib3.exceptions.HTTPError as exc:
-            # Sent, then no answer (timeout, dropped connection): never guess.
+            # Sent, then no (whole) answer in time (timeout, the deadline,
+            # a dropped connection): it may have charged. Never guess.
             return CallResult(Outcome.AMBIGUOUS, error_code=type(exc).__name__, in_doubt=True)
         except AnswerTooLarge:
             # Sent, then an answer we do not read: the charge may exist.
             return CallResult(Outcome.AMBIGUOUS, error_code="oversized_answer", in_doubt=True)
         return classify(response)
 
-    def _get(self, path: str, *, limit: int = MAX_ANSWER_BYTES, **params):
+    def _get(
+        self,
+        path: str,
+        *,
+        seconds: float | None = None,
+        missing: str = "",
+        limit: int = MAX_ANSWER_BYTES,
+        **params,
+    ):
+        """A 200's response; a 400/404 is our request refused (``missing``:
+        the 404 of one object), anything else the processor unavailable."""
         try:
-            response = self._request("GET", path, fields=params, limit=limit)
+            response = self._request("GET", path, fields=params, seconds=seconds, limit=limit)
         except urllib3.exceptions.HTTPError as exc:
             raise GatewayError(f"gateway unreachable: {type(exc).__name__}") from exc
         except AnswerTooLarge as exc:
             raise GatewayError(f"absurd answer to GET {path}: {exc}") from exc
+        if response.status == 404 and missing:
+            raise ProcessorPaymentMissing(f"gateway answered 404 to GET {path}: {missing}")
+        if response.status in (400, 404):
+            raise GatewayRequestRefused(f"gateway refused GET {path}: {response.status}")
         if response.status != 200:
             raise GatewayError(f"gateway answered {response.status} to GET {path}")
         return response
@@ -178,7 +203,7 @@ class CardProcessor:
             raise GatewayError(f"absurd answer to a lookup: {type(exc).__name__}") from exc
 
     def retrieve(self, charge_id: str) -> Charge:
-        body = _json(self._get(f"/v1/charges/{charge_id}"))
+        body = _json(self._get(f"/v1/charges/{charge_id}", missing=f"no charge {charge_id}"))
         try:
             return _charge(body)
         except (KeyError, TypeError, ValueError) as exc:
@@ -192,6 +217,9 @@ class CardProcessor:
             )
         except (urllib3.exceptions.HTTPError, AnswerTooLarge) as exc:
             raise GatewayError(f"refund failed: {type(exc).__name__}") from exc
+        if response.status in (400, 404):
+            # the processor's code only (a short token), never its text
+            raise GatewayRequestRefused(f"refund refused: {response.status} {_declined(response)}")
         if response.status not in (200, 201):
             # the processor's code only (a short token), never its text
             raise GatewayError(f"refund refused: {response.status} {_declined(response)}")
@@ -206,8 +234,12 @@ class CardProcessor:
         )
 
     def settlement_report(self, day: date) -> list[Charge]:
-        answer = self._get("/v1/settlement-report", limit=MAX_REPORT_BYTES, date=day.isoformat())
-        text = answer.data.decode()
+        text = self._get(
+            "/v1/settlement-report",
+            seconds=REPORT_DEADLINE_SECONDS,
+            limit=MAX_REPORT_BYTES,
+            date=day.isoformat(),
+        ).data.decode()
         return parse_report(text, source=f"settlement report {day}")
 
 

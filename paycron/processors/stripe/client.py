@@ -37,7 +37,12 @@ from paycron.domain.processing import (
     LookupRequest,
     Refund,
 )
-from paycron.errors import ConfigError, GatewayError
+from paycron.errors import (
+    ConfigError,
+    GatewayError,
+    GatewayRequestRefused,
+    ProcessorPaymentMissing,
+)
 from paycron.processors.stripe.transport import NotSent, PooledHttpClient
 from paycron.processors.wire import answered_id, error_code_of, processor_id, retry_after
 
@@ -75,7 +80,13 @@ def classify_error(
     """The answer table for a refused charge (docs/design.md): Stripe's HTTP status and
     ``error`` object as an outcome (each row tested through the SDK)."""
     kind, code = error.get("type"), error.get("code")
-    stored = error_code_of(error.get("decline_code") or code)
+    # Stripe sends ``code`` for some errors only: without one, the status
+    # (``http_400``) is stored, never a made-up "declined".
+    stored = (
+        error_code_of(error.get("decline_code") or code)
+        if error.get("decline_code") or code
+        else f"http_{status}"
+    )
     replayed = (headers or {}).get("Idempotent-Replayed") == "true"
     if status == 402:
         intent = _intent_id(error)
@@ -113,7 +124,8 @@ def classify_error(
             failure_reason=FailureReason.GATEWAY_REJECTED,
         )
     if status in (400, 404):
-        # Stripe validates before executing: definitively not charged.
+        # Stripe validates before executing: definitively not charged (Stripe's
+        # code, or http_400/http_404 when it gave none).
         return CallResult(
             Outcome.REJECTED, error_code=stored, failure_reason=FailureReason.INVALID_REQUEST
         )
@@ -319,9 +331,7 @@ class StripeProcessor:
             try:
                 page = list_call(params=params)
             except stripe.StripeError as exc:
-                raise GatewayError(
-                    f"Stripe list failed: {type(exc).__name__} {exc.http_status}"
-                ) from exc
+                raise _read_error("list", exc) from exc
             data = [item.to_dict() for item in page.data]
             yield from data
             if not page.has_more or not data:
@@ -350,9 +360,7 @@ class StripeProcessor:
         try:
             intent = self._client.v1.payment_intents.retrieve(charge_id)
         except stripe.StripeError as exc:
-            raise GatewayError(
-                f"Stripe retrieve failed: {type(exc).__name__} {exc.http_status}"
-            ) from exc
+            raise _read_error("retrieve", exc, missing=f"no PaymentIntent {charge_id}") from exc
         return intent_as_charge(intent.to_dict())
 
     def refund(self, charge: Charge) -> Refund:
@@ -363,7 +371,7 @@ class StripeProcessor:
                 params={"payment_intent": charge.id}, options={"idempotency_key": key}
             )
         except stripe.StripeError as exc:
-            raise GatewayError(f"refund refused: {type(exc).__name__} {exc.http_status}") from exc
+            raise _read_error("refund", exc) from exc
         answer = refund.to_dict()
         refund_id = processor_id(answer.get("id"))
         if refund_id is None:
@@ -399,6 +407,22 @@ class StripeProcessor:
                 )
             )
         return charges
+
+
+def _read_error(what: str, exc: stripe.StripeError, *, missing: str = "") -> GatewayError:
+    """A read Stripe did not answer, as the error an operator can act on: a
+    400/404 (not a rate limit) is our request refused — a bug or an API
+    change, which waiting will not fix; a 404 of one object (``missing``) is
+    an object this account does not hold; anything else is unavailability."""
+    status, code = exc.http_status, _error_of(exc).get("code")
+    described = f"Stripe {what} failed: {type(exc).__name__} {status}" + (
+        f" {error_code_of(code)}" if code else ""
+    )
+    if status == 404 and missing:
+        return ProcessorPaymentMissing(f"{described}: {missing} in this account")
+    if status in (400, 404) and code != "rate_limit":
+        return GatewayRequestRefused(f"{described}: Stripe refused the request")
+    return GatewayError(described)
 
 
 def _error_of(exc: stripe.StripeError) -> Mapping[str, Any]:

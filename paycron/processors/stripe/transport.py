@@ -1,9 +1,10 @@
 """The Stripe SDK's HTTP transport, over urllib3.
 
 The SDK takes any :class:`stripe.HTTPClient`; this one gives it what the
-engine needs and the SDK's own clients do not: a **total** timeout per call
-(a call never outlives its lease: docs/design.md; the SDK's clients take one
-timeout at construction), set by the adapter around each call; one
+engine needs and the SDK's own clients do not: a **wall-clock deadline** per
+call (a call never outlives its lease; the SDK's clients take one timeout at
+construction, and a socket timeout bounds each read only: see
+paycron/deadline.py), set by the adapter around each call; one
 thread-safe keep-alive pool shared by a worker's call threads; and errors
 that say whether the request left us (a refused connection is a definitive
 non-charge). urllib3 because it is the cheapest client measured here
@@ -19,6 +20,7 @@ from collections.abc import Iterator, Mapping
 import stripe
 import urllib3
 
+from paycron.deadline import deadline, pool_manager
 from paycron.processors.wire import (
     MAX_ANSWER_BYTES,
     MAX_REPORT_BYTES,
@@ -39,9 +41,7 @@ class PooledHttpClient(stripe.HTTPClient):
         super().__init__()
         self._seconds = timeout
         self._local = threading.local()
-        self._pool = urllib3.PoolManager(
-            num_pools=4, maxsize=max_connections, block=False, retries=False
-        )
+        self._pool = pool_manager(num_pools=4, maxsize=max_connections, block=False, retries=False)
 
     @contextlib.contextmanager
     def timeout(self, seconds: float | None) -> Iterator[None]:
@@ -67,23 +67,25 @@ class PooledHttpClient(stripe.HTTPClient):
     ) -> tuple[bytes, int, Mapping[str, str]]:
         seconds = getattr(self._local, "seconds", None) or self._seconds
         try:
-            response = self._pool.request(
-                method.upper(),
-                url,
-                body=post_data,
-                headers=dict(headers or {}),
-                timeout=urllib3.Timeout(total=seconds),
-                redirect=False,
-                preload_content=False,
-            )
-            # bounded like every answer (a list page of 100 charges is ~300 KiB)
-            answer = read_bounded(
-                response, MAX_REPORT_BYTES if method.lower() == "get" else MAX_ANSWER_BYTES
-            )
+            with deadline(seconds):
+                response = self._pool.request(
+                    method.upper(),
+                    url,
+                    body=post_data,
+                    headers=dict(headers or {}),
+                    timeout=urllib3.Timeout(connect=min(seconds, 3.0), read=seconds),
+                    redirect=False,
+                    preload_content=False,
+                )
+                # bounded like every answer (a list page of 100 charges is
+                # ~300 KiB), and read within the same deadline
+                answer = read_bounded(
+                    response, MAX_REPORT_BYTES if method.lower() == "get" else MAX_ANSWER_BYTES
+                )
         except NOT_SENT as exc:
             raise NotSent(f"could not connect to Stripe: {type(exc).__name__}") from exc
         except urllib3.exceptions.HTTPError as exc:
-            # Sent, then no (whole) answer: the outcome is unknown.
+            # Sent, then no (whole) answer in time: the outcome is unknown.
             raise stripe.APIConnectionError(f"no answer from Stripe: {type(exc).__name__}") from exc
         except AnswerTooLarge as exc:
             # Sent, then an answer we do not read: as unknown as no answer.
