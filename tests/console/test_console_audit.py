@@ -9,15 +9,16 @@ from __future__ import annotations
 import pytest
 
 from paycron.store import apikeys
-from tests.console_support import MovableClock, console_config, csrf_of
+from tests.console_support import console_config, csrf_of
 from tests.factories import park
+from tests.support import Clock
 
 
 @pytest.fixture
 def console(config):
     from web import create_app
 
-    app = create_app(console_config(config), clock=MovableClock())
+    app = create_app(console_config(config), clock=Clock(running=True).utc)
     yield app
     app.extensions["paycron.pool"].close()
 

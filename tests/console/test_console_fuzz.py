@@ -11,16 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.console_support import MovableClock, console_config, csrf_of
+from tests.console_support import console_config, csrf_of
 from tests.factories import park
 from tests.rows import letter
+from tests.support import Clock
 
 
 @pytest.fixture
 def console(config):
     from web import create_app
 
-    app = create_app(console_config(config), clock=MovableClock())
+    app = create_app(console_config(config), clock=Clock(running=True).utc)
     yield app
     app.extensions["paycron.pool"].close()
 
