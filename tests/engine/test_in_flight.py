@@ -208,14 +208,16 @@ class _CountingCondition(threading.Condition):
 def test_a_waiter_is_let_in_when_the_size_grows_and_no_one_is_woken_for_nothing():
     limit = InFlightLimit(rate=10, max_in_flight=100, initial_latency=0.2)  # size 3
     limit._cond = cond = _CountingCondition()
-    limit.acquire(3)
+    held, done = Room(2), Room(1)
+    limit.acquire(held)
+    limit.acquire(done)
     for _ in range(20):
         limit.observe(0.2)  # calls finish, no one waits: nobody to wake
-    limit.release(1)
-    limit.acquire(1)
+    limit.release(done)
+    limit.acquire(Room(1))
     assert cond.wakeups == 0
     admitted = threading.Event()
-    waiter = threading.Thread(target=lambda: (limit.acquire(3), admitted.set()))
+    waiter = threading.Thread(target=lambda: (limit.acquire(Room(3)), admitted.set()))
     waiter.start()
     assert not admitted.wait(0.3)  # 3 + 3 > 3: waits
     limit.observe(0.1)  # faster: the size does not grow, the waiter sleeps on
