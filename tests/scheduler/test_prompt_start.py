@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -147,7 +148,16 @@ def test_a_create_due_later_and_a_replay_are_not_announced(client, alice, config
 
 
 def test_idle_workers_look_for_messages_often(config):
-    from tasks.prompt_broker import PROMPT_IDLE_MS, PromptRedisBroker
+    # By its file: importing the ``tasks`` package builds the worker's whole
+    # runtime from the environment (it is Dramatiq's entry point).
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "tasks" / "prompt_broker.py"
+    spec = importlib.util.spec_from_file_location("prompt_broker_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    PROMPT_IDLE_MS, PromptRedisBroker = module.PROMPT_IDLE_MS, module.PromptRedisBroker
 
     broker = PromptRedisBroker(url=config.redis_url, namespace="paycron-test-prompt")
     try:
