@@ -37,6 +37,9 @@ def buffer_body() -> None:
     if not chunked and not length:
         return
     limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if request.url_rule is not None and request.url_rule.rule.endswith("/scheduled-payments/batch"):
+        # a batch carries up to BATCH_MAX_ITEMS creates: its own, larger limit
+        limit = current_app.extensions["paycron.config"].max_batch_body_bytes
     if length is not None and length > limit:
         raise _too_large(limit)
     timeout = current_app.extensions["paycron.config"].web_body_timeout_seconds

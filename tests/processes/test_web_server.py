@@ -105,7 +105,7 @@ def test_the_access_log_and_the_audit_log_reach_the_output(web):
     _, url, log = web
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(f"{url}/v1/scheduled-payments?payer=acme-secret-ish", timeout=5)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 20  # the access line follows the answer; CI is busy
     while time.monotonic() < deadline:
         text = log.read_text()
         if '"event": "api.unauthorized"' in text and '"GET /v1/scheduled-payments' in text:
