@@ -97,7 +97,7 @@ def test_a_chunked_body_over_the_limit_is_refused(web):
         sock.sendall(b"0\r\n\r\n")
     except OSError:
         pass  # the server may answer and close before the last chunk
-    answer = _closed_by_server(sock, within=5)
+    answer = _closed_by_server(sock, within=20)  # a busy CI boots workers slowly
     assert answer is not None and answer.startswith(b"HTTP/1.1 413"), answer
 
 
