@@ -6,9 +6,14 @@ the machine's shared ones), the fake gateway mixing declines, 5xx, timeouts,
 Dramatiq worker processes. Payments are created through the API, due over a
 window; while they fall due the harness SIGKILLs workers (calls in flight)
 and schedulers, restarts Redis empty, restarts Postgres with an immediate
-shutdown, and cancels payments close to their due time. Then it lets the
-system drain, runs the reconciliation, and checks the promises against the
-gateway's ledger and the database. Exit status 1 on any violation.
+shutdown, and cancels payments close to their due time. Throughout, the
+schedulers reach Redis through a relay that loses the reply of some enqueues
+(the message was queued, the sweeper's enqueue raises), a harness thread
+delivers copies of some messages a second time, and an operator re-drives
+the open dead letters from a process configured for the other processor
+(bench/soak_faults.py). Then it lets the system drain, re-drives once more
+from that process, runs the reconciliation, and checks the promises against
+the gateway's ledger and the database. Exit status 1 on any violation.
 
     python -m bench.soak --short        # CI: a few hundred payments, a handful of each fault
     python -m bench.soak                # full: 5,000 payments, 100+ kills, 3 Redis losses,
@@ -33,6 +38,7 @@ import httpx
 
 from bench.harness import UNLIMITED_API, parse_args
 from bench.servers import PrivatePostgres, PrivateRedis
+from bench.soak_faults import LossyRedisRelay, MessageDuplicator
 from devtools.fake_gateway import (
     STRIPE_API_KEY,
     STRIPE_WEBHOOK_SECRET,
@@ -104,6 +110,12 @@ STRIPE_EVENTS = {
     "enabled_events": ["payment_intent.succeeded", "payment_intent.payment_failed"],
 }
 STRIPE_SETTLE_SECONDS = 2.0
+#: The schedulers' enqueues whose reply the relay loses after Redis ran them.
+ENQUEUE_LOSS_RATE = 0.05
+#: The messages seen in the queue that are delivered a second time.
+DUPLICATE_RATE = 0.1
+#: The actor of the admin key the other processor's process re-drives with.
+OTHER_ACTOR = "soak-other-processor"
 
 
 @dataclass
@@ -117,6 +129,7 @@ class Plan:
     postgres_restarts: int
     cancels: int
     rate_limit_bursts: int
+    other_redrives: int  # rounds of re-drives from the other processor's process
 
 
 SHORT = Plan(
@@ -129,6 +142,7 @@ SHORT = Plan(
     postgres_restarts=1,
     cancels=15,
     rate_limit_bursts=2,
+    other_redrives=4,
 )
 FULL = Plan(
     payments=5000,
@@ -140,6 +154,7 @@ FULL = Plan(
     postgres_restarts=2,
     cancels=100,
     rate_limit_bursts=5,
+    other_redrives=12,
 )
 
 
@@ -165,7 +180,9 @@ class Soak:
         self.logdir = Path(tempfile.mkdtemp(prefix="paycron-soak-"))
         self.pg = PrivatePostgres()
         self.redis = PrivateRedis()
-        self.gateway_port, self.web_port = free_port(), free_port()
+        self.seed = seed
+        self.gateway_port, self.web_port, self.other_port = free_port(), free_port(), free_port()
+        self.other_answers: dict[str, int] = {}  # the other processor's re-drive answers
         self.counts = {
             "worker_kills": 0,
             "scheduler_kills": 0,
@@ -175,6 +192,9 @@ class Soak:
             "cancelled": 0,
             "rate_limit_bursts": 0,
             "api_errors": 0,
+            "enqueue_replies_lost": 0,
+            "messages_duplicated": 0,
+            "other_processor_redrives": 0,
         }
 
     # -------------------------------------------------------------- set-up
@@ -187,6 +207,7 @@ class Soak:
             migrate(conn)
             ensure_partitions(conn, self.config)
             self.key, _ = create_api_key(conn, "soak")
+            other_key, _ = create_api_key(conn, OTHER_ACTOR, admin=True)
         gateway_url = f"http://127.0.0.1:{self.gateway_port}"
         env = {
             **ENGINE,
@@ -203,6 +224,9 @@ class Soak:
                 webhook_urls=(f"http://127.0.0.1:{self.web_port}/v1/gateway-events/stripe",),
             )
         self.procs = ProcessGroup(self.logdir, env)
+        # The schedulers' Redis, through the relay that loses enqueue replies.
+        self.relay = LossyRedisRelay(self.redis.url, rate=ENQUEUE_LOSS_RATE, seed=self.seed)
+        self.relay.start()
         gateway = self.procs.start("gateway", args)
         wait_http(f"{gateway_url}/healthz", gateway)
         self.gateway = GatewayHandle(gateway_url, timeout=30)
@@ -210,19 +234,47 @@ class Soak:
         if self.stripe:
             self.gateway.stripe(**STRIPE_EVENTS)
         web = self.procs.start("web", web_args(self.web_port, workers=2, threads=4))
-        self.schedulers = [self.procs.start(f"scheduler-{n}", scheduler_args()) for n in range(2)]
+        # An API process configured for the other processor, for an operator's re-drives.
+        if self.stripe:
+            other_env = {"GATEWAY": "fake"}
+        else:
+            other_env = {**STRIPE_ENGINE, "STRIPE_API_BASE": f"{gateway_url}/stripe"}
+        other = self.procs.start("web-other", web_args(self.other_port, workers=1), other_env)
+        self.schedulers = [self._start_scheduler(n) for n in range(2)]
         self.workers = [
             self.procs.start(f"worker-{n}", worker_args(1, 8)) for n in range(self.plan.workers)
         ]
+        self.duplicator = MessageDuplicator(
+            self.redis.url,
+            namespace=f"{self.config.redis_namespace}-dramatiq",
+            queue=self.config.queue_name,
+            rate=DUPLICATE_RATE,
+            seed=self.seed,
+        )
+        self.duplicator.start()
         wait_http(f"http://127.0.0.1:{self.web_port}/healthz", web)
+        wait_http(f"http://127.0.0.1:{self.other_port}/healthz", other)
         self.api = httpx.Client(
             base_url=f"http://127.0.0.1:{self.web_port}",
             timeout=30,
             headers={"Authorization": f"Bearer {self.key}"},
         )
+        self.other_api = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.other_port}",
+            timeout=30,
+            headers={"Authorization": f"Bearer {other_key}"},
+        )
+        self.other_env = other_env
+
+    def _start_scheduler(self, n: int):
+        return self.procs.start(f"scheduler-{n}", scheduler_args(), {"REDIS_URL": self.relay.url})
 
     def stop(self) -> None:
+        if hasattr(self, "duplicator"):
+            self.duplicator.stop()
         self.procs.stop()
+        if hasattr(self, "relay"):
+            self.relay.close()
         self.redis.destroy()
         self.pg.destroy()
 
@@ -281,6 +333,7 @@ class Soak:
             + ["scheduler"] * plan.scheduler_kills
             + ["cancel"] * plan.cancels
             + ["burst"] * plan.rate_limit_bursts
+            + ["redrive"] * plan.other_redrives
         )
         self.rng.shuffle(events)
         # Redis losses and Postgres restarts at spread-out moments of the window.
@@ -306,7 +359,7 @@ class Soak:
     def _scheduler(self, _created) -> None:
         i = self.rng.randrange(len(self.schedulers))
         stop(self.schedulers[i], sig=signal.SIGKILL)
-        self.schedulers[i] = self.procs.start(f"scheduler-{i}", scheduler_args())
+        self.schedulers[i] = self._start_scheduler(i)
         self.counts["scheduler_kills"] += 1
 
     def _redis(self, _created) -> None:
@@ -344,6 +397,62 @@ class Soak:
             return
         self.counts["cancels"] += 1
         self.counts["cancelled"] += response.status_code == 200
+
+    def _redrive(self, _created) -> None:
+        """An operator re-drives every open dead letter through the admin API
+        of a process configured for the other processor: each must be
+        refused (the payment is looked up at its own processor or not at all)."""
+        try:
+            letters = self.other_api.get("/v1/admin/dead-letters").json()["data"]
+        except (httpx.TransportError, ValueError, KeyError):
+            self.counts["api_errors"] += 1
+            return
+        for letter in letters:
+            try:
+                response = self.other_api.post(
+                    f"/v1/admin/dead-letters/{letter['paymentId']}/redrive"
+                )
+            except httpx.TransportError:
+                self.counts["api_errors"] += 1
+                continue
+            self.counts["other_processor_redrives"] += 1
+            code = response.json().get("code", "") if response.status_code >= 400 else ""
+            answer = f"{response.status_code}{' ' + code if code else ''}"
+            if "OTHER_PROCESSOR" in response.text:
+                answer += " OTHER_PROCESSOR"
+            self.other_answers[answer] = self.other_answers.get(answer, 0) + 1
+
+    def redrive_after_drain(self) -> None:
+        """Once every call is past its in-flight bound: every open letter again
+        through the API, and the first through the CLI, from the other processor."""
+        self._redrive(None)
+        with connect(self.config) as conn:
+            first = conn.execute(
+                "SELECT payment_id FROM dead_letters WHERE resolution IS NULL "
+                "ORDER BY created_at LIMIT 1"
+            ).fetchone()
+        if first is None:
+            return
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "paycron.cli",
+                "dlq",
+                "redrive",
+                str(first["payment_id"]),
+                "--by",
+                OTHER_ACTOR,
+            ],
+            env={**self.procs.env, **self.other_env},
+            text=True,
+            capture_output=True,
+        )
+        self.counts["other_processor_redrives"] += 1
+        answer = f"cli exit {result.returncode}"
+        if "OTHER_PROCESSOR" in result.stdout + result.stderr:
+            answer += " OTHER_PROCESSOR"
+        self.other_answers[answer] = self.other_answers.get(answer, 0) + 1
 
     def _since_first_due(self) -> float:
         return (datetime.now(UTC) - self.first_due).total_seconds()
@@ -417,6 +526,9 @@ class Soak:
                 for r in conn.execute(CHECKS["soak_payments"], {"until": self._until()})
             }
             db = conn.execute(CHECKS["soak_counts"], {"until": self._until()}).fetchone()
+            faults = conn.execute(CHECKS["soak_message_faults"], {"actor": OTHER_ACTOR}).fetchone()
+        self.counts["enqueue_replies_lost"] = self.relay.lost
+        self.counts["messages_duplicated"] = self.duplicator.duplicated
         completed_sum = sum(r["amount_minor"] for r in rows.values() if r["status"] == "COMPLETED")
         outcomes: dict[str, int] = {}
         for r in rows.values():
@@ -437,6 +549,13 @@ class Soak:
                 + ", ".join(f"{k} {v}" for k, v in sorted(fates.items()))
             )
         print(
+            f"lost enqueue replies: {self.relay.lost} of {self.relay.enqueues} enqueues; "
+            f"claims handed back after a failed enqueue {faults['released_enqueue_failed']}; "
+            f"duplicated messages: {self.duplicator.duplicated}; re-drives from the other "
+            "processor's process: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(self.other_answers.items())) or "none")
+        )
+        print(
             f"gateway: {stats['charge_requests']} charge requests, {len(succeeded)} charges, "
             f"{stats.get('rate_limited', 0)} 429s, {stats.get('dropped', 0)} dropped after "
             f"charging, {stats.get('timeouts', 0)} timeouts, {stats.get('errors', 0)} 5xx"
@@ -444,6 +563,9 @@ class Soak:
         charged_not_completed = [
             c for c in succeeded if rows.get(c["reference"], {}).get("status") != "COMPLETED"
         ]
+        other_accepted = sum(
+            n for k, n in self.other_answers.items() if k.startswith(("2", "cli exit 0"))
+        )
         cancelled_charged = [
             c for c in ledger if rows.get(c["reference"], {}).get("status") == "CANCELLED"
         ]
@@ -495,6 +617,21 @@ class Soak:
                 db["missing_events"],
                 db["missing_events"] == 0,
             ),
+            (
+                "claims handed back after a worker started them",
+                faults["released_started"],
+                faults["released_started"] == 0,
+            ),
+            (
+                "re-drives from the other processor's process not refused",
+                other_accepted,
+                other_accepted == 0,
+            ),
+            (
+                "payments the other processor's process changed",
+                faults["changed_by_other"],
+                faults["changed_by_other"] == 0,
+            ),
         ]
 
 
@@ -519,16 +656,29 @@ def main() -> None:
     print(f"soak plan: {plan} gateway={args.gateway}")
     print(f"logs: {soak.logdir}")
     started = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        phases[name] = time.monotonic() - started - sum(phases.values())
+
     try:
         soak.start()
+        phase("start")
         created = soak.create_payments()
+        phase("create")
         soak.chaos(created)
-        deadline = drain_deadline(plan)
-        drained = soak.drain(deadline)
+        phase("chaos")
+        drained = soak.drain(drain_deadline(plan))
+        phase("drain")
+        soak.redrive_after_drain()
+        phase("redrive")
         reconcile_code = soak.reconcile()
         results = soak.check(drained)
+        phase("check")
     finally:
         soak.stop()
+        phase("stop")
+    print("phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
     print("faults injected: " + ", ".join(f"{k} {v}" for k, v in soak.counts.items()))
     failed = False
     for name, count, ok in results:
