@@ -293,12 +293,14 @@ class Soak:
                 amount = ALWAYS_503_AMOUNT
             due = self.first_due + timedelta(seconds=self.plan.window * n / self.plan.payments)
             body = {"payee": f"merchant-{n % 13}", "amount": amount, "dueAt": due.isoformat()}
-            if self.stripe:  # the magic amounts are the card surface's; Stripe's are methods
+            if self.stripe:  # declines come from Stripe's test methods; 50003 is always a 503
                 body.update(
                     amount=self.rng.randint(100, 90_000),
                     customer=f"cus_soak_{n % 40}",
                     paymentMethod=stripe_test_method(n),
                 )
+                if n % 89 == 11:  # parked RETRIES_EXHAUSTED: dead letters to re-drive
+                    body.update(amount=ALWAYS_503_AMOUNT, paymentMethod="pm_card_visa")
             for _ in range(5):  # an idempotent retry lands once
                 try:
                     response = self.api.post(
