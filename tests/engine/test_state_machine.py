@@ -19,7 +19,11 @@ Time moves by rewriting every stored time into the past (leases, run_at,
 in-flight bounds, in-doubt times, polls, attempts' starts, events' next
 tries) and moving the breakers' clocks and the processors' clock by as much:
 the engine compares Postgres's ``now()`` and its own ``datetime.now`` with
-those columns, so the two clocks move together.
+those columns, so the two clocks move together. The processors', breakers'
+and workers' clocks are stopped but for the model's moves, and a hung call
+waits for the model however long that takes: a sequence of choices must
+meet the same state however slowly the machine runs it, or Hypothesis sees
+its draws change (``FlakyStrategyDefinition``).
 
 After every step the money invariants of tests/money_invariants.py must
 hold. The holes of issue 20's table (rows 1 to 7) each have a directed case
@@ -293,6 +297,7 @@ class PaymentMachine(RuleBasedStateMachine):
         self.pool = env["pool"]
         self.redis = env["redis"]
         self.offset = 0.0  # how far model time has moved
+        self.started = time.time()  # the model's clocks stand still but for time_passes
         self.clocks = {p: Clock() for p in PROCESSORS}
         self.configs = env["configs"]
         self.processors = {
@@ -319,7 +324,7 @@ class PaymentMachine(RuleBasedStateMachine):
                 worker=f"model-{p}",
                 # The lease is measured on the model's clock: a worker hung
                 # while time moved on sends nothing more once its lease is over.
-                clock=lambda: time.monotonic() + self.offset,
+                clock=self.model_now,
             )
             for p in PROCESSORS
         }
@@ -354,7 +359,7 @@ class PaymentMachine(RuleBasedStateMachine):
     # -- the parts
 
     def model_now(self) -> float:
-        return time.time() + self.offset
+        return self.started + self.offset
 
     def _sweeper(self, processor: str) -> Sweeper:
         config = self.configs[processor]
@@ -661,7 +666,15 @@ class PaymentMachine(RuleBasedStateMachine):
                 "WHERE a.payment_id = p.id AND a.attempt = p.attempt AND a.outcome = 'IN_FLIGHT')",
                 {"s": seconds, **self.checker.due},
             )
-        shift = {"d": timedelta(seconds=seconds), **self.checker.due}
+        self._shift_stored_times(timedelta(seconds=seconds))
+        self.offset += seconds
+        self.leases_may_pass = self.leases_may_pass or seconds >= self.configs[CARD].lease_seconds
+        for clock in self.clocks.values():
+            clock.advance(seconds)
+
+    def _shift_stored_times(self, delta: timedelta) -> None:
+        """Every stored time ``delta`` into the past (a negative one: into the future)."""
+        shift = {"d": delta, **self.checker.due}
         self.conn.execute(
             """
             UPDATE payments SET lease_until = lease_until - %(d)s,
@@ -678,10 +691,6 @@ class PaymentMachine(RuleBasedStateMachine):
         self.conn.execute(
             "UPDATE gateway_events SET next_attempt_at = next_attempt_at - %(d)s", shift
         )
-        self.offset += seconds
-        self.leases_may_pass = self.leases_may_pass or seconds >= self.configs[CARD].lease_seconds
-        for clock in self.clocks.values():
-            clock.advance(seconds)
 
     def reap(self, data=None):
         self._note("reap")
