@@ -81,6 +81,10 @@ ENGINE = {
     "MAX_LEASE_EXPIRIES": "5",
     "MESSAGE_GROUP_SIZE": "4",
     "DB_POOL_MAX": "8",
+    # The fake settles within seconds: a lookup's "none" is conclusive 16 s
+    # after a payment's last call, so a parked payment's letter can be
+    # re-driven (and a re-drive that asked the wrong processor would act).
+    "GATEWAY_SETTLE_MARGIN_SECONDS": "5",
 }
 FAULTS = {
     "decline_rate": 0.03,
