@@ -61,3 +61,7 @@ SELECT
      WHERE e.type = 'payment.released') AS released_started,
     (SELECT count(*) FROM dead_letters WHERE resolved_by = %(actor)s)
     + (SELECT count(*) FROM payment_events WHERE data->>'by' = %(actor)s) AS changed_by_other;
+
+-- name: soak_oldest_letter
+-- The oldest open dead letter (the one the CLI re-drives).
+SELECT payment_id FROM dead_letters WHERE resolution IS NULL ORDER BY created_at LIMIT 1;

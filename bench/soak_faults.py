@@ -67,7 +67,11 @@ def is_enqueue(args: list[bytes]) -> bool:
 
 class LossyRedisRelay:
     """A relay on 127.0.0.1 in front of ``upstream_url``; :attr:`url` is the
-    Redis URL to give the processes whose enqueue replies may be lost."""
+    Redis URL to give the processes whose enqueue replies may be lost. A
+    lost reply is held ``hold`` seconds (uniform) before the connection
+    drops: by default up to 0.3 s, six times the workers' idle poll, so a
+    worker often starts the message before the sweeper hands its claims
+    back (the race the release's fence is for)."""
 
     def __init__(
         self, upstream_url: str, *, rate: float, seed: int, hold: tuple[float, float] = (0, 0.3)
@@ -168,8 +172,8 @@ class MessageDuplicator:
         queue: str,
         rate: float,
         seed: int,
-        max_delay: float = 3.0,
-        interval: float = 0.02,
+        max_delay: float = 3.0,  # a late copy: after its claim finished, often
+        interval: float = 0.02,  # a message lives ~50 ms in the hash: look often
     ):
         self.client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
         self.queue_key = f"{namespace}:{queue}"
