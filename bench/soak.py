@@ -292,6 +292,11 @@ class Soak:
     def stop(self) -> None:
         if hasattr(self, "duplicator"):
             self.duplicator.stop()
+        # Our keep-alive connections closed first: gunicorn's graceful stop
+        # would wait for them.
+        for client in ("api", "other_api"):
+            if hasattr(self, client):
+                getattr(self, client).close()
         self.procs.stop()
         if hasattr(self, "relay"):
             self.relay.close()
