@@ -82,6 +82,16 @@ def _processor(text: str) -> str:
     return text.lower()
 
 
+#: How a worker process runs its calls (docs/performance.md).
+EXECUTORS = ("threads", "asyncio")
+
+
+def _executor(text: str) -> str:
+    if text.lower() not in EXECUTORS:
+        raise ValueError(f"expected one of {', '.join(EXECUTORS)}")
+    return text.lower()
+
+
 def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
     """Comma-separated addresses or CIDR networks (``10.0.0.0/8, ::1``)."""
     return tuple(
@@ -198,6 +208,12 @@ class Config:
     #: is sized from the ceiling and the observed latency (paycron/engine/inflight.py).
     #: 256 covers a 200/s ceiling at 1 s with headroom in a single process.
     gateway_max_in_flight: int = setting(256, int)
+    #: How a worker process makes its calls: ``threads`` (a thread per call
+    #: in flight, blocking clients) or ``asyncio`` (one event loop per
+    #: process: Dramatiq's AsyncIO middleware, psycopg's async pool, aiohttp;
+    #: the fake processor's charges only, every other request on a thread).
+    #: Same statements, same guarantees (docs/performance.md).
+    executor: str = setting("threads", _executor)
     #: How long a web process trusts an API key it has authenticated: a
     #: revocation reaches every process within this time; 0 checks every request.
     api_key_cache_seconds: float = setting(10.0, parse_duration)
