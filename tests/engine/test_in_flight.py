@@ -21,9 +21,11 @@ from paycron.engine import inflight
 from paycron.engine.execution import Executor
 from paycron.engine.inflight import HEADROOM, Dispatcher, InFlightLimit, Room
 from paycron.limits.breaker import CircuitBreaker
+from paycron.processors.card.aio import AsyncCardProcessor
 from paycron.processors.card.client import CardProcessor
 from paycron.store.db import make_pool
 from paycron.store.transitions import claim_due
+from tests.aio_support import EXECUTORS, AsyncFacade
 from tests.factories import insert_payment
 from tests.rows import attempts_of, payment
 
@@ -42,9 +44,24 @@ class RecordingProcessor(CardProcessor):
         return super().charge(request, **kwargs)
 
 
+class RecordingAsyncProcessor(AsyncCardProcessor):
+    """The real async client, noting the timeout each charge was given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.timeouts: list[float | None] = []
+
+    async def charge(self, request, **kwargs):
+        self.timeouts.append(kwargs.get("timeout"))
+        return await super().charge(request, **kwargs)
+
+
 @pytest.fixture
-def make_executor(config, scripted):
+def make_executor(config, scripted, executor_kind):
+    """An executor of ``executor_kind`` (the async one runs on its own loop
+    behind the threaded one's face: tests.aio_support)."""
     made = []
+    facades = []
 
     def make(*, calls=None, clock=None, **kwargs) -> Executor:
         pool = make_pool(config, max_size=2, name="test-in-flight")
@@ -61,9 +78,14 @@ def make_executor(config, scripted):
             **kwargs,
         )
         made.append(executor)
+        if executor_kind == "asyncio":
+            facades.append(AsyncFacade(executor, scripted.url, charger=RecordingAsyncProcessor))
+            return facades[-1]  # type: ignore[return-value]
         return executor
 
     yield make
+    for facade in facades:
+        facade.close()
     for executor in made:
         executor.gateway.close()
         executor.pool.close()
@@ -71,6 +93,10 @@ def make_executor(config, scripted):
             executor.calls.shutdown()
 
 
+both = pytest.mark.parametrize("executor_kind", EXECUTORS)
+
+
+@both
 def test_a_batchs_calls_are_in_flight_together(conn, scripted, make_executor):
     """Ten calls each wait until all ten have arrived: made one after
     another, the first would wait alone and time out."""
@@ -92,6 +118,7 @@ def test_a_batchs_calls_are_in_flight_together(conn, scripted, make_executor):
     assert counts.outcomes == {"SUCCEEDED": 10}
 
 
+@both
 def test_no_call_is_sent_once_its_lease_is_too_short(conn, scripted, make_executor):
     """The clock jumps past the lease between the lease renewal and the
     call: nothing is sent, nothing is charged, no budget is used."""
@@ -107,6 +134,7 @@ def test_no_call_is_sent_once_its_lease_is_too_short(conn, scripted, make_execut
     assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["NOT_SENT"]
 
 
+@both
 def test_a_calls_timeout_is_cut_to_the_lease_left(conn, config, scripted, make_executor):
     scripted.answers[2500] = OK
     insert_payment(conn)
@@ -120,6 +148,7 @@ def test_a_calls_timeout_is_cut_to_the_lease_left(conn, config, scripted, make_e
     assert executor.gateway.timeouts == [config.gateway_timeout_seconds, 1.5]
 
 
+@both
 def test_key_in_use_costs_no_budget_and_is_looked_up_after_ten(conn, scripted, make_executor):
     """An earlier call with this key still runs at the processor: every 409
     is in doubt, spends nothing, and after ten in a row the payment is asked
@@ -146,6 +175,7 @@ def test_key_in_use_costs_no_budget_and_is_looked_up_after_ten(conn, scripted, m
     assert {a["outcome"] for a in attempts_of(conn, row["id"])} == {"KEY_IN_USE"}
 
 
+@both
 @pytest.mark.parametrize("status", ["succeeded", "refunded"])  # a refund is still a charge
 def test_a_key_in_use_then_found_completes(conn, scripted, make_executor, status):
     scripted.answers[2500] = (409, {}, b"{}")
@@ -261,6 +291,7 @@ def test_a_failed_group_frees_its_room_too():
     assert executor.ran == [2] and limit.held == 0
 
 
+@both
 @pytest.mark.parametrize(
     ("found", "status", "reason"),
     [
