@@ -55,11 +55,9 @@ class AsyncCardProcessor:
             {"amount": request.amount, "currency": request.currency, "reference": request.reference}
         ).encode()
         headers = {"Content-Type": "application/json", "Idempotency-Key": request.idempotency_key}
-        sent = False
         try:
             async with asyncio.timeout(seconds):
                 async with self._session.post(self._url, data=body, headers=headers) as response:
-                    sent = True
                     answer = WireAnswer(
                         response.status, response.headers, await _read_bounded(response)
                     )
@@ -69,8 +67,7 @@ class AsyncCardProcessor:
         except TimeoutError:
             # Sent (or perhaps sent), then no whole answer by the deadline:
             # it may have charged. Never guess.
-            code = "DeadlineExceeded" if sent else "DeadlineBeforeAnswer"
-            return CallResult(Outcome.AMBIGUOUS, error_code=code, in_doubt=True)
+            return CallResult(Outcome.AMBIGUOUS, error_code="DeadlineExceeded", in_doubt=True)
         except (aiohttp.ClientError, OSError) as exc:
             # A dropped connection or a broken answer after the request may have left.
             return CallResult(Outcome.AMBIGUOUS, error_code=type(exc).__name__, in_doubt=True)
