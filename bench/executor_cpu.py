@@ -176,7 +176,7 @@ def measure(executor: str, n: int, gateway_url: str, profile: bool) -> dict:
             executor=executor,
         )
         groups = claimed_groups(config, n)
-        profiler = cProfile.Profile() if profile else None
+        profiler = cProfile.Profile(time.thread_time) if profile else None
         load = os.getloadavg()[0]
         cpu = cpu_seconds()
         seconds = RUNNERS[executor](config, groups, profiler)
@@ -242,7 +242,7 @@ def main() -> None:
         profiler = rows[-1]["profiler"]
         if profiler is not None:
             out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
+            pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("PROFILE_LINES", "30")))
             print(out.getvalue())
 
 
