@@ -34,8 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from tempfile import mkdtemp
 
-import redis.asyncio
-
 from bench.harness import REDIS_URL, parse_args, private_database
 from devtools.factories import bulk_insert
 from devtools.fake_gateway import GatewayHandle
@@ -49,7 +47,7 @@ from paycron.limits.aio import AsyncCallLimiter, AsyncCircuitBreaker
 from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter
 from paycron.processors.factory import build_async_charger, build_processor
-from paycron.store.aio import make_async_pool
+from paycron.store.aio import async_redis, make_async_pool
 from paycron.store.db import connect, make_pool, make_redis
 from paycron.store.transitions import claim_due
 
@@ -119,7 +117,7 @@ def run_asyncio(config: Config, groups: list, profiler: cProfile.Profile | None)
 
     async def main() -> float:
         client = make_redis(config)
-        aclient = redis.asyncio.Redis.from_url(config.redis_url or "")
+        aclient = async_redis(config)
         most = config.gateway_max_in_flight
         limit = AsyncInFlightLimit(
             rate=config.gateway_rate_limit, max_in_flight=most, floor=config.group_size
@@ -144,13 +142,18 @@ def run_asyncio(config: Config, groups: list, profiler: cProfile.Profile | None)
         )
         dispatcher = AsyncDispatcher(executor=executor, limit=limit)
         await pool.wait()
-        started = time.monotonic()
+        started, queued = time.monotonic(), run_queue_seconds()
         with profiler or contextlib.nullcontext():
             for claims in groups:
                 await dispatcher.submit(claims)
             while limit.held:
                 await asyncio.sleep(0.01)
         seconds = time.monotonic() - started
+        queued = run_queue_seconds() - queued
+        print(
+            f"    the loop's thread waited {queued:.1f} s of {seconds:.1f} s for a CPU "
+            "(runnable, not running: the machine's other load)"
+        )
         if charger is not None:
             await charger.close()
         await pool.close()
@@ -160,6 +163,14 @@ def run_asyncio(config: Config, groups: list, profiler: cProfile.Profile | None)
         return seconds
 
     return asyncio.run(main())
+
+
+def run_queue_seconds() -> float:
+    """How long this thread has waited on a run queue (Linux schedstat; 0 elsewhere)."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 RUNNERS = {"threads": run_threads, "asyncio": run_asyncio}
@@ -242,7 +253,9 @@ def main() -> None:
         profiler = rows[-1]["profiler"]
         if profiler is not None:
             out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("PROFILE_LINES", "30")))
+            pstats.Stats(profiler, stream=out).sort_stats(
+                os.environ.get("PROFILE_SORT", "tottime")
+            ).print_stats(int(os.environ.get("PROFILE_LINES", "30")))
             print(out.getvalue())
 
 

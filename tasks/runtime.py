@@ -9,8 +9,6 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import redis.asyncio
-
 from paycron.config import Config
 from paycron.engine.aio import AsyncExecutor
 from paycron.engine.execution import Executor
@@ -20,7 +18,7 @@ from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter
 from paycron.observability.metrics import serve_metrics
 from paycron.processors.factory import build_async_charger, build_processor
-from paycron.store.aio import make_async_pool
+from paycron.store.aio import async_redis, make_async_pool
 from paycron.store.db import make_pool, make_redis
 
 _lock = threading.Lock()
@@ -54,7 +52,7 @@ async def build_async_dispatcher(config: Config) -> AsyncDispatcher:
     small blocking twin (a pool of 2, the blocking client) for the rare paths."""
     serve_metrics(config.metrics_port, component="worker", host=config.metrics_host)
     client = make_redis(config)
-    aclient = redis.asyncio.Redis.from_url(config.redis_url or "")
+    aclient = async_redis(config)
     most = config.gateway_max_in_flight
     limit = AsyncInFlightLimit(
         rate=config.gateway_rate_limit, max_in_flight=most, floor=config.group_size

@@ -7,13 +7,11 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import redis.asyncio
-
 from paycron.engine.aio import AsyncExecutor
 from paycron.engine.execution import Executor
 from paycron.limits.aio import AsyncCircuitBreaker
 from paycron.processors.card.aio import AsyncCardProcessor
-from paycron.store.aio import make_async_pool
+from paycron.store.aio import async_redis, make_async_pool
 
 #: The executors a test that takes ``executor_kind`` runs against.
 EXECUTORS = ["threads", "asyncio"]
@@ -45,7 +43,7 @@ class AsyncFacade:
         config = blocking.config
 
         async def build() -> AsyncExecutor:
-            client = redis.asyncio.Redis.from_url(config.redis_url)
+            client = async_redis(config)
             return AsyncExecutor(
                 blocking=blocking,
                 pool=await make_async_pool(config, max_size=pool_size, name="test-async"),

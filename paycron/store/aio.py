@@ -1,4 +1,4 @@
-"""The async executor's store (``EXECUTOR=asyncio``): an async psycopg pool
+"""The async executor's store (``EXECUTOR=asyncio``): its Redis client, an async psycopg pool
 made and checked as :func:`paycron.store.db.make_pool` makes its pool, and
 the executor's two statements (start, finish) with the very text
 and parameters of paycron/store/transitions.py. A connection is held for
@@ -19,10 +19,12 @@ from collections.abc import Sequence
 from typing import TypeAlias
 
 import psycopg
+import redis.asyncio
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
 from paycron.config import Config
+from paycron.errors import ConfigError
 from paycron.sql import q
 from paycron.store import transitions
 from paycron.store.db import (
@@ -37,6 +39,22 @@ from paycron.store.transitions import Claim, Finished
 
 AsyncConnection: TypeAlias = psycopg.AsyncConnection[DictRow]
 AsyncPool: TypeAlias = AsyncConnectionPool[AsyncConnection]
+
+
+#: Redis connections of one worker's loop at most (the breaker and the call
+#: window: a few commands per group); a command waits for one rather than
+#: opening another.
+REDIS_CONNECTIONS = 8
+
+
+def async_redis(config: Config) -> redis.asyncio.Redis:
+    """The loop's Redis client: its sockets bounded by REDIS_CONNECTIONS."""
+    if not config.redis_url:
+        raise ConfigError("REDIS_URL is not set")
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        config.redis_url, max_connections=REDIS_CONNECTIONS, timeout=10
+    )
+    return redis.asyncio.Redis(connection_pool=pool)
 
 
 async def make_async_pool(config: Config, *, max_size: int, name: str) -> AsyncPool:
