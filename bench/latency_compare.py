@@ -348,7 +348,7 @@ def main() -> None:
         for executor, engine in engines.items():
             engine_total = engine["cpu"] + engine["postgres_cpu"]
             print(
-                f"  ratio paycron {executor} / pgqueuer: "
+                f"  ratio paycron / pgqueuer ({executor}): "
                 f"{engine['per_second'] / pgq['per_second']:.2f} due -> terminal, "
                 f"{engine['sustained'] / pgq['sustained']:.2f} sustained (target >= 1.5); "
                 f"CPU per payment {engine['cpu'] / pgq['cpu']:.2f}x in the engine, "
