@@ -100,6 +100,10 @@ class LetterFilter:
     def query(self) -> str:
         return _query(asdict(self))
 
+    def describe(self) -> str:
+        """The filter as the audit log writes it: ``payer=acme status=FAILED``."""
+        return " ".join(f"{k}={v}" for k, v in self.args().items())
+
     def args(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v}
 
@@ -160,6 +164,10 @@ class PaymentFilter:
 
     def query(self) -> str:
         return _query(asdict(self))
+
+    def describe(self) -> str:
+        """The filter as the audit log writes it: ``payer=acme status=FAILED``."""
+        return " ".join(f"{k}={v}" for k, v in self.args().items())
 
     def args(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v}

@@ -202,7 +202,7 @@ def payments():
     except ValueError:
         _bad("A bad page cursor.")
     if page is not None:
-        _read("payments " + chosen.query())
+        _read(" ".join(["payments", chosen.describe()]).strip())
     return render_template(
         "console/payments.html",
         query=chosen,
@@ -284,7 +284,7 @@ def dead_letters():
             awaiting = reads.waiting(conn, "awaiting_gateway", now=now)
     except ValueError:
         _bad("A bad page cursor.")
-    _read("dead letters " + chosen.query())
+    _read(" ".join(["dead letters", chosen.describe()]).strip())
     return render_template(
         "console/dead_letters.html",
         letters=letters,
