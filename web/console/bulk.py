@@ -148,7 +148,8 @@ def bulk_preview(name: str):
                 above=config.console_approval_above_minor,
                 minutes=config.console_approval_minutes,
             )
-        reason = request.form.get("reason", "").strip()
+        # "note": the filter has a field called reason (the dead letters' own)
+        reason = request.form.get("note", "").strip()
         if not reason:
             raise ConsoleRefused(400, "A reason is required: say why, for the audit.")
         if len(reason) > 1000:
