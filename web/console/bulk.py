@@ -19,7 +19,6 @@ import uuid
 from flask import Response, current_app, flash, g, redirect, render_template, request, url_for
 
 from paycron.domain.ids import parse_payment_id
-from paycron.domain.money import major_units
 from paycron.engine import console_bulk
 from paycron.engine.console_bulk import LABELS, BulkRefused, Selection
 from paycron.sql import q
@@ -117,8 +116,9 @@ def digest(selection: Selection) -> str:
     return hashlib.sha256(",".join(ids).encode()).hexdigest()[:32]
 
 
-def _totals(selection: Selection) -> list[str]:
-    return [f"{major_units(v, c)} {c}" for c, v in selection.totals.items()]
+def _totals(totals: dict[str, int]) -> list[tuple[int, str]]:
+    """(minor units, currency) per currency, for the money() macro."""
+    return [(v, c) for c, v in sorted(totals.items())]
 
 
 @bp.route("/dead-letters/all/<name>", methods=["GET", "POST"])
@@ -139,7 +139,7 @@ def bulk_preview(name: str):
                 query=chosen,
                 selection=selection,
                 shown=selection.rows[:PREVIEW_ROWS],
-                totals=_totals(selection),
+                totals=_totals(selection.totals),
                 digest=digest(selection),
                 approval=approval,
                 explanation=explanation(
@@ -210,7 +210,7 @@ def bulk_request(request_id: int):
         label=LABELS[made["action"]],
         items=items,
         next_cursor=str(items[-1]["payment_id"]) if more else None,
-        totals=[f"{major_units(v, c)} {c}" for c, v in sorted(made["totals"].items())],
+        totals=_totals(made["totals"]),
     )
 
 
@@ -222,10 +222,7 @@ def approvals():
     audit("console.read", "success", target="approvals")
     return render_template(
         "console/approvals.html",
-        waiting=[
-            {**w, "totals_shown": [f"{major_units(v, c)} {c}" for c, v in w["totals"].items()]}
-            for w in waiting
-        ],
+        waiting=[{**w, "totals_shown": _totals(w["totals"])} for w in waiting],
         labels=LABELS,
     )
 
