@@ -138,6 +138,26 @@ def test_payments_filter_by_due_range_reason_doubt_and_processor(ann, conn):
     assert shown(due_from=day, processor="stripe") == {doubtful["id"]}
 
 
+def test_reconciliation_runs_filter_by_day_and_mismatches(ann, conn):
+    clean, dirty = (
+        conn.execute(
+            "INSERT INTO reconciliation_runs (day, source, finished_at, mismatches) "
+            "VALUES (%s, 'file', now(), %s) RETURNING id",
+            (day, mismatches),
+        ).fetchone()["id"]
+        for day, mismatches in (("2026-10-02", 0), ("2026-10-01", 2))
+    )
+
+    def shown(**query) -> set:
+        html = ann.get("/console/reconciliation", query_string=query).get_data(as_text=True)
+        return {run for run in (clean, dirty) if f"Run {run}<" in html}
+
+    assert shown() == {clean, dirty}
+    assert shown(mismatches="only") == {dirty}
+    assert shown(day_before="2026-10-02") == {dirty}
+    assert ann.get("/console/reconciliation?day_before=10/02").status_code == 400
+
+
 @pytest.mark.parametrize(
     "url",
     [

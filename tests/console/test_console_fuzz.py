@@ -106,7 +106,7 @@ PAGES = {
     "/console/approvals": ["x"],
     "/console/audit": ["cursor"],
     "/console/audit.csv": ["x"],
-    "/console/reconciliation": ["cursor"],
+    "/console/reconciliation": ["cursor", "day_before", "mismatches"],
     "/console/reconciliation/1": ["cursor"],
     "/console/webhooks": ["cursor"],
     "/console/sign-in": ["next"],

@@ -103,7 +103,7 @@ CASES = {
         r"(.|\n)*dead_letters_open_\w*idx",
     ),
     "reconciliation_runs_page": (
-        {"before_id": 2**62, "limit": 51},
+        {"before_id": 2**62, "limit": 51, "day_before": None, "mismatches_only": False},
         r"Index Scan Backward using reconciliation_runs_pkey",
     ),
     "reconciliation_run": ({"id": 1}, r"reconciliation_runs_pkey"),
@@ -244,3 +244,10 @@ def test_a_payer_and_a_reason_ride_one_of_their_indexes(conn):
     text = plan(conn, "open_letters_of_payer", params)
     assert "Seq Scan" not in text and "Sort" not in text, text
     assert re.search(r"Index Scan using dead_letters_open_(payer|reason)_idx", text), text
+
+
+def test_filtered_reconciliation_runs_ride_an_index(conn):
+    params = {"before_id": 2**62, "limit": 51, "day_before": TODAY, "mismatches_only": True}
+    text = plan(conn, "reconciliation_runs_page", params)
+    assert "Seq Scan" not in text, text
+    assert re.search(r"reconciliation_runs_(pkey|day_idx)", text), text

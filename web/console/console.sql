@@ -97,7 +97,7 @@ WHERE resolution IS NULL AND payer = %(payer)s
   AND (%(reason)s::text IS NULL OR reason = %(reason)s)
   AND created_at < %(before)s
   AND (created_at, id) > (%(after_created_at)s, %(after_id)s)
-ORDER BY created_at, id
+ORDER BY payer, created_at, id  -- one payer: the index's own order, no sort
 LIMIT %(limit)s;
 
 -- name: open_letters_of_reason
@@ -106,7 +106,7 @@ SELECT id, payment_id, due_at, payer, reason, last_error, created_at
 FROM dead_letters
 WHERE resolution IS NULL AND reason = %(reason)s AND created_at < %(before)s
   AND (created_at, id) > (%(after_created_at)s, %(after_id)s)
-ORDER BY created_at, id
+ORDER BY reason, created_at, id  -- one reason: the index's own order, no sort
 LIMIT %(limit)s;
 
 -- name: awaiting_gateway
@@ -134,10 +134,14 @@ ORDER BY p.due_at, p.id
 LIMIT %(limit)s;
 
 -- name: reconciliation_runs_page
--- Reconciliation runs, newest first, keyset-paged on id (its primary key).
+-- Reconciliation runs, newest first, keyset-paged on id (its primary key);
+-- of days before %(day_before)s and only those with mismatches when asked
+-- (a run a day: the filters read what they skip, a few rows a month).
 SELECT id, day, started_at, finished_at, charges_seen, repaired, deferred, mismatches, source
 FROM reconciliation_runs
 WHERE id < %(before_id)s
+  AND (%(day_before)s::date IS NULL OR day < %(day_before)s)
+  AND (NOT %(mismatches_only)s OR mismatches > 0)
 ORDER BY id DESC
 LIMIT %(limit)s;
 

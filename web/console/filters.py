@@ -171,3 +171,28 @@ class PaymentFilter:
 
     def args(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v}
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Reconciliation runs by day (before) and mismatches."""
+
+    day_before: str = ""
+    mismatches: str | None = None  # "only" or None
+
+    @classmethod
+    def from_args(cls, args: MultiDict) -> RunFilter:
+        day = args.get("day_before", "").strip()
+        if day:
+            try:
+                date.fromisoformat(day)
+            except ValueError:
+                _bad("Day before: use a date (YYYY-MM-DD).")
+        return cls(day_before=day, mismatches=_choice(args, "mismatches", ("only",), "Mismatches"))
+
+    @property
+    def day(self) -> date | None:
+        return date.fromisoformat(self.day_before) if self.day_before else None
+
+    def args(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v}

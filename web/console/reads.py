@@ -303,10 +303,22 @@ def waiting(conn: Connection, name: str, *, now: datetime, limit: int = PAGE) ->
 # -- reconciliation and webhooks ------------------------------------------------
 
 
-def reconciliation_runs(conn: Connection, *, cursor: str | None) -> Page:
+def reconciliation_runs(
+    conn: Connection,
+    *,
+    cursor: str | None,
+    day_before: date | None = None,
+    mismatches_only: bool = False,
+) -> Page:
     before = _id(cursor) if cursor else _BIGINT_MAX
     rows = conn.execute(
-        QUERIES["reconciliation_runs_page"], {"before_id": before, "limit": PAGE + 1}
+        QUERIES["reconciliation_runs_page"],
+        {
+            "before_id": before,
+            "limit": PAGE + 1,
+            "day_before": day_before,
+            "mismatches_only": mismatches_only,
+        },
     ).fetchall()
     more, rows = len(rows) > PAGE, rows[:PAGE]
     return Page(rows, str(rows[-1]["id"]) if more else None)

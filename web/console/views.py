@@ -299,13 +299,19 @@ def dead_letters():
 
 @bp.get("/reconciliation")
 def reconciliation():
+    chosen = filters.RunFilter.from_args(request.args)
     try:
         with _pool().connection() as conn:
-            runs = reads.reconciliation_runs(conn, cursor=page_cursor())
+            runs = reads.reconciliation_runs(
+                conn,
+                cursor=page_cursor(),
+                day_before=chosen.day,
+                mismatches_only=chosen.mismatches == "only",
+            )
     except ValueError:
         _bad("A bad page cursor.")
     _read("reconciliation runs")
-    return render_template("console/reconciliation.html", runs=runs)
+    return render_template("console/reconciliation.html", runs=runs, query=chosen)
 
 
 @bp.get("/reconciliation/<int:run_id>")
