@@ -333,34 +333,34 @@ def _logged(event: str, *, actor: str, target: object, reason: str) -> Iterator[
     record(event, "success", actor=actor, target=target, reason=reason, channel="bulk")
 
 
-def act_on_one(conn: Connection, gateway: Processor, request: dict) -> str | None:
+def act_on_one(conn: Connection, gateway: Processor, job: dict) -> str | None:
     """Act on the request's next payment and record its outcome, in one
     transaction: 'done', 'refused', or None when none is left to take."""
     with conn.transaction():
-        item = conn.execute(q("bulk_next_item"), {"request_id": request["id"]}).fetchone()
+        item = conn.execute(q("bulk_next_item"), {"request_id": job["id"]}).fetchone()
         if item is None:
             return None
         payment_id = item["payment_id"]
-        name = request["action"]
+        name = job["action"]
         done, message = attempt(
             conn,
             gateway,
             name,
             payment_id,
-            actor=request["requested_by"],
-            note=request["reason"],
+            actor=job["requested_by"],
+            note=job["reason"],
             audited=lambda: _logged(
                 f"dead_letter.{name}",
-                actor=request["requested_by"],
+                actor=job["requested_by"],
                 target=payment_id,
-                reason=f"bulk request {request['id']}: {request['reason']}",
+                reason=f"bulk request {job['id']}: {job['reason']}",
             ),
         )
         outcome = "done" if done else "refused"
         conn.execute(
             q("bulk_item_finish"),
             {
-                "request_id": request["id"],
+                "request_id": job["id"],
                 "payment_id": payment_id,
                 "outcome": outcome,
                 "detail": message.removeprefix(f"{payment_id}: "),
@@ -375,15 +375,15 @@ def run_once(pool: Pool, gateway: Processor, *, chunk: int = CHUNK) -> RunCounts
     done = refused = finished = 0
     with pool.connection() as conn:
         expired = expire(conn)
-        for request in conn.execute(q("bulk_running"), {"limit": 20}).fetchall():
+        for job in conn.execute(q("bulk_running"), {"limit": 20}).fetchall():
             for _ in range(chunk):
-                outcome = act_on_one(conn, gateway, request)
+                outcome = act_on_one(conn, gateway, job)
                 if outcome is None:
                     break
                 done += outcome == "done"
                 refused += outcome == "refused"
             with conn.transaction():
-                ended = conn.execute(q("bulk_finish"), {"id": request["id"]}).fetchone()
+                ended = conn.execute(q("bulk_finish"), {"id": job["id"]}).fetchone()
                 if ended is not None:
                     finished += 1
                     audit_row(
