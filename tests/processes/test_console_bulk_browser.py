@@ -78,12 +78,12 @@ def test_a_bulk_refund_is_requested_refused_to_its_requester_and_approved_by_ano
     page.get_by_role("button", name="Filter").click()
     assert "payer=acme-bulk" in page.url  # the filter is the address
     expect(page.get_by_role("row").filter(has_text=str(bystander["id"]))).to_have_count(0)
-    snap(page, shots, "11-filtered-dead-letters")
+    snap(page, shots, "20-bulk-filtered-dead-letters")
 
     page.get_by_role("button", name="Refund all matching").click()
     expect(page.get_by_text("3 payments", exact=True)).to_be_visible()
     expect(page.get_by_text("1,500.00 USD")).to_be_visible()
-    snap(page, shots, "12-bulk-preview")
+    snap(page, shots, "21-bulk-preview")
     page.get_by_label("Reason").fill("charged twice during the outage")
     page.get_by_role("button", name="Request approval").click()
     expect(page.locator("#bulk-state")).to_have_text("AWAITING_APPROVAL")
@@ -91,10 +91,10 @@ def test_a_bulk_refund_is_requested_refused_to_its_requester_and_approved_by_ano
 
     go(page, "Approvals")
     row = page.get_by_role("row").filter(has_text=f"Request {request_id}")
-    snap(page, shots, "13-approvals")
+    snap(page, shots, "22-bulk-approvals")
     row.get_by_role("button", name="Approve").click()
     expect(page.get_by_role("alert")).to_have_text("You cannot approve your own request.")
-    snap(page, shots, "14-self-approval-refused")
+    snap(page, shots, "23-bulk-self-approval-refused")
     assert {letter(conn, r["id"])["resolution"] for r in rows} == {None}
 
     page.get_by_role("button", name="Sign out").click()
@@ -110,11 +110,11 @@ def test_a_bulk_refund_is_requested_refused_to_its_requester_and_approved_by_ano
         page.reload()
     expect(page.locator("#bulk-state")).to_have_text("FINISHED")
     expect(page.locator("#bulk-progress")).to_have_text("3 of 3: 3 done, 0 refused")
-    snap(page, shots, "15-bulk-finished")
+    snap(page, shots, "24-bulk-finished")
     assert {letter(conn, r["id"])["resolution"] for r in rows} == {"REFUNDED"}
     assert letter(conn, bystander["id"])["resolution"] is None
 
     go(page, "Audit")
     expect(page.get_by_role("cell", name="console.bulk_approve").first).to_be_visible()
     expect(page.get_by_role("cell", name="console.bulk_finish").first).to_be_visible()
-    snap(page, shots, "16-audit")
+    snap(page, shots, "25-bulk-audit")
