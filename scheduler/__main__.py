@@ -3,10 +3,11 @@
 It reads :class:`Config`, reports to Sentry as "scheduler", builds the
 pools, the Redis client and a broker to send with, and runs each periodic
 service (sweeper, reaper, partition keeper, history roller, webhook relay,
-gateway events) in a thread of its own until SIGTERM. No leader: run as many as you like; SKIP LOCKED, the
-shared pacing bucket and the guarded reaper make them cooperate through
-Postgres and Redis alone. It sends the workers' message (paycron.engine.messages)
-without importing the worker's wiring.
+gateway events) in a thread of its own until SIGTERM. No leader: run as many
+as you like; SKIP LOCKED, advisory locks, the shared pacing bucket and the
+guarded reaper make them cooperate through Postgres and Redis alone. It
+sends the workers' message (paycron.engine.messages) without importing the
+worker's wiring.
 """
 
 from __future__ import annotations

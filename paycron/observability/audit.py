@@ -53,6 +53,7 @@ EVENTS = {
     "dead_letter.redrive": "a dead letter re-driven (admin API or console)",
     "dead_letter.refund": "a dead letter's charge refunded (admin API or console)",
     "dead_letter.dismiss": "a dead letter dismissed (admin API or console)",
+    "webhook.replay": "a webhook delivery queued to be sent again (console)",
     "api_key.create": "an API key created (CLI)",
     "api_key.revoke": "an API key revoked (CLI)",
 }

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from psycopg.types.json import Jsonb
 
 from paycron.sql import q
-from paycron.store.db import Connection
+from paycron.store.db import Connection, one_row
 
 #: Lateness bucket edges in seconds: the ``paycron_trigger_lateness_seconds``
 #: histogram's up to 15 minutes (and the overview's picture's).
@@ -47,7 +47,7 @@ class RollupCounts:
 
 
 def clock(conn: Connection) -> datetime:
-    return conn.execute(q("history_clock")).fetchone()["now"]
+    return one_row(conn.execute(q("history_clock")))["now"]
 
 
 def first_pending(
@@ -100,7 +100,7 @@ def roll_up(conn: Connection, *, since: datetime, until: datetime) -> int | None
     """Recompute and replace the rows of [since, until) in one transaction;
     None (nothing done) when another roller holds the lock."""
     with conn.transaction():
-        if not conn.execute(q("history_try_lock")).fetchone()["held"]:
+        if not one_row(conn.execute(q("history_try_lock")))["held"]:
             return None
         rows = compute(conn, since=since, until=until)
         conn.execute(q("history_upsert"), {"rows": Jsonb(rows)})
