@@ -14,6 +14,10 @@ lease. Endpoints are served concurrently by a small thread pool with a short
 per-request timeout, and the next endpoint is claimed as soon as a worker is
 free, so a slow or dead endpoint delays only itself.
 
+Operators' replays (``webhook_replays``, queued by the console) are claimed
+before streams and sent once each, the same way, outside their endpoint's
+stream: its cursor does not move (docs/console.md, "Webhook deliveries").
+
 Each request: ``POST <url>`` with the event as JSON (the ``/v1/events``
 shape) and the headers
 

@@ -57,6 +57,9 @@ def token_of(client) -> str:
         "/console/reconciliation?cursor=-1",
         "/console/reconciliation?cursor=99999999999999999999",
         "/console/payments?payer=acme&cursor=x_y",
+        "/console/history?range=30d",
+        "/console/payments.csv?day=9999-12-31",
+        "/console/webhooks/0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b?cursor=-1",
     ],
 )
 def test_bad_filters_and_cursors_are_a_400(signed_in, url):
@@ -90,6 +93,9 @@ PAGES = {
     "/console/webhooks": ["cursor"],
     "/console/sign-in": ["next"],
     "/console/": ["x"],
+    "/console/history": ["range", "x"],
+    "/console/payments.csv": ["payer", "status", "day", "cursor"],
+    "/console/webhooks/0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b": ["cursor"],
 }
 
 #: Values a person or a script might send: any bytes, and near-misses of
@@ -99,6 +105,8 @@ NEAR_MISSES = [
     b"PENDING",
     b"2026-02-30",
     b"2026-01-01",
+    b"9999-12-31",
+    b"7d",
     b"99999999999999999999",
     b"-1",
     b"0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b",
@@ -143,6 +151,7 @@ FORMS = [
     ("/console/dead-letters/{id}/redrive", ["note"]),
     ("/console/dead-letters/redrive-selected", ["payment_id", "payment_id", "confirmed"]),
     ("/console/sign-in", ["api_key", "next"]),
+    ("/console/webhooks/{id}/deliveries/1/replay", ["x"]),
 ]
 
 

@@ -4,7 +4,8 @@
 Served by the web process only when ``CONSOLE_SECRET_KEY`` is set. Every
 page but the sign-in page needs a session (``web.console.session``); every
 action that moves money is a plain form with a confirmation step, so the
-console works without JavaScript (it has none).
+console works without JavaScript (the History page's live refresh is its
+only script, and optional).
 """
 
 from __future__ import annotations
