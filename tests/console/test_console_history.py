@@ -7,7 +7,9 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import json
 import random
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -138,7 +140,8 @@ def endpoint_for(conn, url: str, payer: str = "alice") -> str:
 
 
 def delivered(relay, receiver, count: int) -> None:
-    deadline = datetime.now(UTC) + timedelta(seconds=15)
+    # another session's long transaction holds the stream back (below xmin)
+    deadline = datetime.now(UTC) + timedelta(seconds=30)
     while len(receiver.deliveries) < count:
         assert datetime.now(UTC) < deadline, "timed out"
         relay.run_once()
@@ -161,12 +164,24 @@ def test_an_endpoint_shows_its_deliveries_with_status_and_latency(signed_in, con
     assert f'href="/console/webhooks/{endpoint}"' in listing
 
 
+def delivered_by_hand(conn, receiver) -> tuple[str, int]:
+    """An endpoint with one delivery of an event that predates it: the
+    stream never sends that event (its creation snapshot saw it), so
+    whatever reaches the receiver is a replay."""
+    event = insert_event(conn)
+    endpoint = endpoint_for(conn, receiver.url)
+    conn.execute(
+        "INSERT INTO webhook_deliveries (endpoint_id, event_id, attempts, last_status,"
+        " delivered_at, last_latency_ms) VALUES (%s, %s, 1, 200, now(), 12)",
+        (endpoint, event),
+    )
+    return endpoint, event
+
+
 def test_a_replay_is_audited_queued_and_sent_again_by_the_relay(
     signed_in, conn, relay, receiver, audit_lines
 ):
-    endpoint = endpoint_for(conn, receiver.url)
-    event = insert_event(conn)
-    delivered(relay, receiver, 1)
+    endpoint, event = delivered_by_hand(conn, receiver)
     answer = signed_in.post(
         f"/console/webhooks/{endpoint}/deliveries/{event}/replay",
         data={"csrf_token": token_of(signed_in)},
@@ -178,15 +193,31 @@ def test_a_replay_is_audited_queued_and_sent_again_by_the_relay(
     assert "waiting" in signed_in.get(f"/console/webhooks/{endpoint}").get_data(as_text=True)
 
     assert relay.run_once().replayed == 1
-    assert len(receiver.deliveries) == 2
-    first, again = receiver.deliveries
-    assert first.headers["Paycron-Event-Id"] == again.headers["Paycron-Event-Id"] == str(event)
-    assert first.body == again.body
+    [sent] = receiver.deliveries
+    assert sent.headers["Paycron-Event-Id"] == str(event)
+    assert json.loads(sent.body)["id"] == event
+    assert sent.headers["Paycron-Signature"].startswith("t=")
     replay = conn.execute("SELECT status, latency_ms, done_at FROM webhook_replays").fetchone()
     assert replay["status"] == 200 and replay["done_at"] and replay["latency_ms"] is not None
+    page = signed_in.get(f"/console/webhooks/{endpoint}").get_data(as_text=True)
+    assert f"{replay['latency_ms']} ms" in page and "waiting" not in page
     # once: a second run sends nothing, and the stream's delivery row is as it was
-    assert relay.run_once().replayed == 0 and len(receiver.deliveries) == 2
+    assert relay.run_once().replayed == 0 and len(receiver.deliveries) == 1
     assert conn.execute("SELECT attempts FROM webhook_deliveries").fetchone()["attempts"] == 1
+
+
+def test_the_relays_loop_sends_replays_too(conn, relay, receiver):
+    endpoint, event = delivered_by_hand(conn, receiver)
+    conn.execute(
+        "INSERT INTO webhook_replays (endpoint_id, event_id, requested_by) VALUES (%s, %s, 'ops')",
+        (endpoint, event),
+    )
+    relay.start()
+    deadline = datetime.now(UTC) + timedelta(seconds=15)
+    while conn.execute("SELECT done_at FROM webhook_replays").fetchone()["done_at"] is None:
+        assert datetime.now(UTC) < deadline, "timed out"
+        time.sleep(0.02)
+    assert [d.headers["Paycron-Event-Id"] for d in receiver.deliveries] == [str(event)]
 
 
 def test_a_replay_does_not_wait_on_a_slow_endpoint(signed_in, conn, relay):
