@@ -363,10 +363,10 @@ def test_the_export_follows_the_lists_filters(signed_in, conn):
 
 
 def test_the_export_is_capped(signed_in, conn, monkeypatch):
-    from web.console import history as console_history
+    from web.console import export
 
-    monkeypatch.setattr(console_history, "CSV_MAX_ROWS", 3)
-    monkeypatch.setattr(console_history, "CSV_CHUNK", 2)  # and read in chunks
+    monkeypatch.setattr(export, "CSV_MAX_ROWS", 3)
+    monkeypatch.setattr(export, "CSV_CHUNK", 2)  # and read in chunks
     payer_rows(conn, "acme", 5)
     assert len(read_csv(signed_in.get("/console/payments.csv?payer=acme"))) == 3
 

@@ -19,6 +19,7 @@ from paycron.sql import q
 from paycron.store import partitions
 from tests.factories import insert_payment, park
 from tests.store.test_schema import scanned_partitions
+from web.console import deliveries as console_deliveries
 from web.console import history as console_history
 from web.console import reads
 from web.console.reads import QUERIES
@@ -207,22 +208,22 @@ HISTORY_CASES = {
         r"history_minutes_pkey",
     ),
     "webhook_endpoint": (
-        console_history.QUERIES["webhook_endpoint"],
+        console_deliveries.QUERIES["webhook_endpoint"],
         {"id": uuid.uuid4()},
         r"webhook_endpoints_pkey",
     ),
     "webhook_deliveries_page": (
-        console_history.QUERIES["webhook_deliveries_page"],
+        console_deliveries.QUERIES["webhook_deliveries_page"],
         {"endpoint_id": uuid.uuid4(), "before_event_id": 2**62, "limit": 51},
         r"Index Scan Backward using webhook_deliveries_pkey",
     ),
     "webhook_replays_of": (
-        console_history.QUERIES["webhook_replays_of"],
+        console_deliveries.QUERIES["webhook_replays_of"],
         {"endpoint_id": uuid.uuid4(), "limit": 20},
         r"webhook_replays_endpoint_idx",
     ),
     "webhook_replay_request": (
-        console_history.QUERIES["webhook_replay_request"],
+        console_deliveries.QUERIES["webhook_replay_request"],
         {"endpoint_id": uuid.uuid4(), "event_id": 1, "requested_by": "ops"},
         r"webhook_deliveries_pkey(.|\n)*payment_events_pkey",
     ),
@@ -252,8 +253,8 @@ HISTORY_CASES = {
 }
 
 
-def test_every_history_query_has_a_case():
-    assert set(console_history.QUERIES) <= set(HISTORY_CASES)
+def test_every_history_and_delivery_query_has_a_case():
+    assert set(console_history.QUERIES) | set(console_deliveries.QUERIES) <= set(HISTORY_CASES)
 
 
 @pytest.mark.parametrize("name", sorted(HISTORY_CASES))

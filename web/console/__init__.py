@@ -75,7 +75,8 @@ def install(app: Flask, *, breaker: CircuitBreaker) -> None:
     config = app.extensions["paycron.config"]
     if not config.console_secret_key:
         return
-    from web.console import actions, history, views  # noqa: F401  (their routes join bp)
+    # Their routes join bp as they are imported.
+    from web.console import actions, deliveries, export, history, views  # noqa: F401
 
     app.session_interface = ConsoleSessionInterface(
         config.console_secret_key, minutes=config.console_session_minutes

@@ -1,46 +1,26 @@
-"""The console's history charts, webhook deliveries (with replay) and the
-payments CSV export (docs/console.md, "History" and "Webhook deliveries").
+"""The console's History page (docs/console.md, "History"): lateness,
+throughput, dead-letter inflow and the processor's error rate over the last
+hour, 24 hours or 7 days.
 
-The charts read ``history_minutes``, the per-minute rollup the scheduler's
-history roller keeps (``paycron.store.history``): a 7-day chart reads at
-most 10,080 small rows and never an attempt. A replay is a row the relay
-sends (``scheduler/relay.py``): the request that asks for it never waits
-on the endpoint.
+It reads ``history_minutes``, the per-minute rollup the scheduler's history
+roller keeps (``paycron.store.history``): a 7-day chart sums at most 10,080
+small rows and never reads an attempt. The page refreshes itself with a few
+lines of JavaScript (``static/history.js``) and works without them.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import itertools
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NoReturn
 
-from flask import (
-    Response,
-    current_app,
-    flash,
-    g,
-    redirect,
-    render_template,
-    request,
-    stream_with_context,
-    url_for,
-)
+from flask import current_app, render_template, request
 
-from paycron.domain.money import exponent
 from paycron.sql import parse_blocks
-from paycron.store import payments
 from paycron.store.history import LATENESS_EDGES
-from paycron.store.partitions import day_start
-from web.audit import audit
-from web.console import bp, charts, reads
+from web.console import bp, charts
 from web.console.session import ConsoleRefused
-from web.console.views import statuses
 
 QUERIES = parse_blocks((Path(__file__).parent / "history.sql").read_text())
 
@@ -200,229 +180,3 @@ def history():
         },
         step_minutes=int(choice.step.total_seconds() // 60),
     )
-
-
-# -- webhook deliveries --------------------------------------------------------
-
-#: Deliveries on one page of an endpoint; replays shown with them.
-DELIVERIES_PAGE = reads.PAGE
-REPLAYS_SHOWN = 20
-_BIGINT_MAX = 2**63 - 1
-
-
-def _endpoint_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise ConsoleRefused(404, "No webhook endpoint has this id.") from None
-
-
-@bp.get("/webhooks/<endpoint_id>")
-def webhook_endpoint(endpoint_id: str):
-    parsed = _endpoint_id(endpoint_id)
-    cursor = request.args.get("cursor") or None
-    try:
-        before = int(cursor) if cursor else _BIGINT_MAX
-    except ValueError:
-        before = -1
-    if not 0 <= before <= _BIGINT_MAX:
-        _bad("A bad page cursor.")
-    with current_app.extensions["paycron.pool"].connection() as conn:
-        endpoint = conn.execute(QUERIES["webhook_endpoint"], {"id": parsed}).fetchone()
-        if endpoint is None:
-            raise ConsoleRefused(404, "No webhook endpoint has this id.")
-        rows = conn.execute(
-            QUERIES["webhook_deliveries_page"],
-            {"endpoint_id": parsed, "before_event_id": before, "limit": DELIVERIES_PAGE + 1},
-        ).fetchall()
-        replays = conn.execute(
-            QUERIES["webhook_replays_of"], {"endpoint_id": parsed, "limit": REPLAYS_SHOWN}
-        ).fetchall()
-    more, rows = len(rows) > DELIVERIES_PAGE, rows[:DELIVERIES_PAGE]
-    page = reads.Page(rows, str(rows[-1]["event_id"]) if more else None)
-    audit("console.read", "success", target=f"webhook endpoint {parsed}", channel="console")
-    return render_template(
-        "console/webhook_endpoint.html", endpoint=endpoint, deliveries=page, replays=replays
-    )
-
-
-@bp.post("/webhooks/<endpoint_id>/deliveries/<int:event_id>/replay")
-def replay_delivery(endpoint_id: str, event_id: int):
-    """Queue one delivery to be sent again; the relay sends it (signed anew)
-    outside the endpoint's stream, and the endpoint's page shows the answer."""
-    parsed = _endpoint_id(endpoint_id)
-    target = f"webhook endpoint {parsed} event {event_id}"
-    if event_id > _BIGINT_MAX:
-        audit("webhook.replay", "refused", target=target, reason="no such event", channel="console")
-        raise ConsoleRefused(404, "This endpoint has no delivery of that event.")
-    with current_app.extensions["paycron.pool"].connection() as conn:
-        row = conn.execute(
-            QUERIES["webhook_replay_request"],
-            {"endpoint_id": parsed, "event_id": event_id, "requested_by": g.operator.actor},
-        ).fetchone()
-    if row is None:
-        audit(
-            "webhook.replay",
-            "refused",
-            target=target,
-            reason="no such delivery, the endpoint was deleted or the event pruned",
-            channel="console",
-        )
-        raise ConsoleRefused(
-            404,
-            "Nothing to replay: this endpoint has no delivery of that event, "
-            "was deleted, or the event is no longer kept.",
-        )
-    audit(
-        "webhook.replay", "success", target=target, reason=f"replay {row['id']}", channel="console"
-    )
-    flash(f"Replay {row['id']} of event {event_id} queued: the relay sends it within seconds.")
-    return redirect(url_for("console.webhook_endpoint", endpoint_id=parsed))
-
-
-# -- payments CSV ------------------------------------------------------------------
-
-#: An export stops after this many rows: a filter narrows a bigger one.
-CSV_MAX_ROWS = 10_000
-#: Rows read per round trip while streaming (the connection is returned
-#: to the pool between chunks, so a slow download holds none).
-CSV_CHUNK = 500
-CSV_COLUMNS = (
-    "id",
-    "due_at",
-    "payer",
-    "payee",
-    "amount",
-    "amount_minor",
-    "currency",
-    "status",
-    "failure_reason",
-    "in_doubt",
-    "attempt",
-    "updated_at",
-)
-
-
-def _cell(value: object) -> object:
-    """A cell a spreadsheet shows as text: one starting = + - @ (a formula
-    to Excel) gets a leading apostrophe."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
-
-
-def _decimal(amount_minor: int, currency: str) -> str:
-    digits = exponent(currency)
-    sign = "-" if amount_minor < 0 else ""
-    whole, fraction = divmod(abs(amount_minor), 10**digits)
-    return f"{sign}{whole}.{fraction:0{digits}d}" if digits else f"{sign}{whole}"
-
-
-def _line(values) -> str:
-    out = io.StringIO()
-    csv.writer(out).writerow(values)
-    return out.getvalue()
-
-
-def _chunks_of_payer(payer: str, status: str | None) -> Iterator[list[dict]]:
-    pool = current_app.extensions["paycron.pool"]
-    after = None
-    while True:
-        with pool.connection() as conn:
-            rows, after = payments.list_payments(
-                conn, actor=payer, status=status, limit=CSV_CHUNK, after=after
-            )
-        yield rows
-        if after is None:
-            return
-
-
-def _chunks_of_day(day: date, status: str | None) -> Iterator[list[dict]]:
-    """The day in due order, a stretch of ids at a time (the list's own
-    query, every match of a stretch returned)."""
-    pool = current_app.extensions["paycron.pool"]
-    after, scan = uuid.UUID(int=0), CSV_CHUNK * 4 if status else CSV_CHUNK
-    while True:
-        with pool.connection() as conn:
-            rows = conn.execute(
-                reads.QUERIES["payments_of_day"],
-                {
-                    "day_from": day_start(day),
-                    "day_to": day_start(day + timedelta(days=1)),
-                    "after": after,
-                    "scan": scan,
-                    "limit": scan,
-                    "status": status,
-                },
-            ).fetchall()
-        yield [row for row in rows if row["id"] is not None]
-        if rows[0]["scanned"] < scan:
-            return
-        after = rows[0]["last_id"]
-
-
-def _stream(chunks: Iterator[list[dict]]) -> Iterator[str]:
-    yield _line(CSV_COLUMNS)
-    sent = 0
-    for rows in chunks:
-        for p in rows:
-            if sent >= CSV_MAX_ROWS:
-                return
-            yield _line(
-                [
-                    p["id"],
-                    p["due_at"].astimezone(UTC).isoformat(),
-                    _cell(p["payer"]),
-                    _cell(p["payee"]),
-                    _decimal(p["amount_minor"], p["currency"]),
-                    p["amount_minor"],
-                    p["currency"],
-                    p["status"],
-                    p["failure_reason"] or "",
-                    "true" if p["in_doubt"] else "false",
-                    p["attempt"],
-                    p["updated_at"].astimezone(UTC).isoformat(),
-                ]
-            )
-            sent += 1
-
-
-@bp.get("/payments.csv")
-def payments_csv():
-    """The payments list as its query string filters it (payer, status,
-    day), as CSV, streamed, at most :data:`CSV_MAX_ROWS` rows."""
-    args = request.args
-    payer = args.get("payer", "").strip()
-    status = args.get("status", "").strip() or None
-    day_text = args.get("day", "").strip()
-    if status is not None and status not in statuses():
-        _bad(f"No such status: {status}.")
-    if not (payer or status or day_text):
-        _bad("Choose a payer, a status or a day to export.")
-    chunks: Iterator[list[dict]]
-    if payer:
-        chunks, shown = _chunks_of_payer(payer, status), f"payer={payer}"
-    else:
-        try:
-            day = date.fromisoformat(day_text) if day_text else _now().date()
-            day_start(day + timedelta(days=1))  # a day with a next one (not 9999-12-31)
-        except (ValueError, OverflowError):
-            _bad("A bad day (use YYYY-MM-DD).")
-        chunks, shown = _chunks_of_day(day, status), f"day={day.isoformat()}"
-    # The first chunk is read now: a database's refusal is this request's
-    # answer (a 400), not a download cut short.
-    first = next(chunks)
-
-    if status:
-        shown += f" status={status}"
-    audit("console.read", "success", target=f"payments export {shown}", channel="console")
-    return Response(
-        stream_with_context(_stream(itertools.chain([first], chunks))),
-        mimetype="text/csv",
-        headers={"Content-Disposition": 'attachment; filename="payments.csv"'},
-    )
-
-
-@bp.context_processor
-def _export_cap() -> dict:
-    return {"csv_max_rows": CSV_MAX_ROWS}
