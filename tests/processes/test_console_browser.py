@@ -224,7 +224,7 @@ def test_sign_in_and_see_every_page(page, server, admin_key, conn, shots):
     page.get_by_role("button", name="Replay").click()
     expect(page.get_by_text(f"of event {events[0]} queued")).to_be_visible()
     expect(page.get_by_role("cell", name="waiting")).to_be_visible()
-    snap(page, shots, "10-webhook-endpoint")
+    snap(page, shots, "09b-webhook-endpoint")
 
     nav.get_by_role("link", name="History").click()
     expect(page.get_by_role("img", name="Trigger lateness, last hour")).to_be_visible()
@@ -232,7 +232,7 @@ def test_sign_in_and_see_every_page(page, server, admin_key, conn, shots):
     expect(page.get_by_label("Live (every 15 s)")).to_be_checked()  # its script ran
     page.get_by_role("link", name="last 7 days").click()
     expect(page.get_by_role("img", name="Throughput, last 7 days")).to_be_visible()
-    snap(page, shots, "11-history")
+    snap(page, shots, "09c-history")
 
     page.get_by_role("button", name="Sign out").click()
     expect(page.get_by_label("API key")).to_be_visible()
