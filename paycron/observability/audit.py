@@ -53,6 +53,13 @@ EVENTS = {
     "dead_letter.redrive": "a dead letter re-driven (admin API or console)",
     "dead_letter.refund": "a dead letter's charge refunded (admin API or console)",
     "dead_letter.dismiss": "a dead letter dismissed (admin API or console)",
+    "console.bulk_request": "an operator asks for a bulk action over a filter (console)",
+    "console.bulk_approve": "a second operator approves a bulk action (console)",
+    "console.bulk_reject": "a second operator rejects a bulk action (console)",
+    "console.bulk_expire": "a bulk action's approval request expires undecided",
+    "console.bulk_finish": "a bulk action has acted on (or refused) each of its payments",
+    "payment.cancel": "an operator cancels a PENDING payment (console)",
+    "webhook.replay": "a webhook delivery queued to be sent again (console)",
     "api_key.create": "an API key created (CLI)",
     "api_key.revoke": "an API key revoked (CLI)",
 }
