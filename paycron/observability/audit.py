@@ -55,6 +55,8 @@ EVENTS = {
     "dead_letter.dismiss": "a dead letter dismissed (admin API or console)",
     "api_key.create": "an API key created (CLI)",
     "api_key.revoke": "an API key revoked (CLI)",
+    "customer.register": "a processor customer registered to a payer (admin API or CLI)",
+    "customer.remove": "a processor customer's binding to its payer removed (admin API or CLI)",
 }
 
 #: Free text (a target, a reason) is cut to this many characters.
