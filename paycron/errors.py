@@ -34,8 +34,9 @@ class ValidationFailed(PaycronError):
 
 
 class CustomerNotYours(ValidationFailed):
-    """The create names a processor customer that another actor used first
-    (docs/design.md: each customer belongs to the first actor that names it).
+    """The create names a processor customer not bound to its actor
+    (docs/customers.md: registered to another, or bound by another's first
+    use, or with CUSTOMER_BINDING=registered not registered to this one).
     Refused per field like any bad body, under a code of its own; nothing
     is created, and the answer says nothing more about that customer."""
 

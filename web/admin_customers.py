@@ -65,7 +65,13 @@ class ListQuery(Strict):
         validate=validate.Range(min=1, max=1000, error="an integer from 1 to 1000"),
         error_messages={"invalid": "an integer from 1 to 1000"},
     )
-    cursor = Cursor(int, metadata={"description": "Opaque: the nextCursor of the previous page."})
+    cursor = Cursor(
+        int,
+        metadata={
+            "format": "binding-cursor",
+            "description": "Opaque: the nextCursor of the previous page.",
+        },
+    )
 
 
 class BindingSchema(ResponseSchema):
@@ -81,7 +87,12 @@ class BindingSchema(ResponseSchema):
 
 class BindingPageSchema(ResponseSchema):
     data = fields.List(fields.Nested(BindingSchema))
-    next_cursor = Cursor(int, data_key="nextCursor", allow_none=True)
+    next_cursor = Cursor(
+        int,
+        data_key="nextCursor",
+        allow_none=True,
+        metadata={"format": "binding-cursor", "description": "Null on the last page."},
+    )
 
 
 def _pool():
