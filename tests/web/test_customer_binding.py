@@ -139,6 +139,17 @@ def test_another_customers_method_is_refused_with_its_code_and_nothing_written(
     assert post(stripe, alice, body(ALICE_CUS, "pm_card_visa"), key="k4").status_code == 201
 
 
+def test_asking_stripe_logs_no_payment_method(stripe, alice, methods, caplog):
+    """The SDK logs each request's URL, which names the method it retrieves:
+    the line is redacted like every other (docs/api.md)."""
+    mine = methods(ALICE_CUS)
+    with caplog.at_level("INFO", logger="stripe"):
+        assert post(stripe, alice, body(ALICE_CUS, mine)).status_code == 201
+    urls = [r.getMessage() for r in caplog.records if "payment_methods" in r.getMessage()]
+    assert urls and all("pm_[scrubbed]" in line for line in urls)
+    assert mine not in caplog.text and ALICE_CUS not in caplog.text
+
+
 def test_a_method_stripe_does_not_hold_is_refused(stripe, alice, conn):
     response = post(stripe, alice, body(ALICE_CUS, "pm_nothing_such"))
     assert response.get_json()["code"] == "PAYMENT_METHOD_NOT_CUSTOMERS"
