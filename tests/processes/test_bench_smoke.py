@@ -32,6 +32,7 @@ SMOKE = {
     "gateway_events_burst": ("applier:", ()),
     "gateway_throughput": ("requests/s", ()),
     "latency": ("max per key", ()),
+    "leader_finding": ("found the leader", ("patroni", "etcd")),
     "latency_compare": ("ratio paycron / pgqueuer", ("pgqueuer", "asyncpg", "aiohttp")),
     "list_filter": ("ratio filtered/unfiltered", ()),
     "midnight_spike": ("drain (spike -> all terminal)", ()),
@@ -73,11 +74,15 @@ def test_every_bench_command_has_a_smoke_run():
         )
 
 
+#: Needs that are programs on PATH, not Python modules.
+PROGRAMS = {"wrk", "patroni", "etcd"}
+
+
 def missing(needs: tuple[str, ...]) -> list[str]:
     return [
         need
         for need in needs
-        if (shutil.which(need) if need == "wrk" else importlib.util.find_spec(need)) is None
+        if (shutil.which(need) if need in PROGRAMS else importlib.util.find_spec(need)) is None
     ]
 
 
@@ -88,7 +93,7 @@ def test_bench_smoke(name):
     if lacking := missing(needs):
         pytest.skip(
             f"bench.{name} needs {', '.join(lacking)} (pip install -e '.[bench]'; apt-get "
-            "install wrk)"
+            "install wrk patroni etcd-server)"
         )
     started = time.monotonic()
     result = subprocess.run(
