@@ -209,6 +209,8 @@ class StripeSurface:
             raise missing("customer", customer, "customer", 400)
         method_id = string(params, "payment_method")
         method = self._method(method_id) if method_id is not None else None
+        if method_id is not None:
+            self.ledger.payment_methods.check_customer(method_id, customer)
         confirm, off_session = boolean(params, "confirm"), boolean(params, "off_session")
         if confirm and method is None:
             raise invalid(
@@ -246,6 +248,8 @@ class StripeSurface:
         check_known(params, CONFIRM_PARAMS)
         method_id = string(params, "payment_method")
         method = self._method(method_id) if method_id is not None else None
+        if method_id is not None:
+            self.ledger.payment_methods.check_customer(method_id, intent["customer"])
         off_session = bool(boolean(params, "off_session"))
         paths = check_expansions(params, "payment_intent")
 

@@ -6,7 +6,9 @@ As at Stripe, a PaymentMethod belongs to at most one customer (its
 as unattached methods of their type; attaching one makes a new method
 (``pm_…``) of the same kind, attached to the customer, as Stripe does. A
 method attached to one customer cannot be attached to another; a detached
-one cannot be used again. Charging with a made method behaves as its token.
+one cannot be used again. Charging with a made method behaves as its token;
+charging a customer with a method attached to another customer is refused
+(400, before anything executes), as at Stripe.
 
 * ``GET /v1/payment_methods/{id}``
 * ``POST /v1/payment_methods/{id}/attach`` with ``customer``
@@ -37,6 +39,19 @@ class PaymentMethods:
         if usable_only and method_id in self._detached:
             return None
         return PAYMENT_METHODS.get(self._token_of.get(method_id, method_id))
+
+    def check_customer(self, method_id: str, customer: str | None) -> None:
+        """Stripe's refusal of a charge naming a customer with a method
+        attached to another customer (a test token, attached to none, goes)."""
+        made = self._made.get(method_id)
+        if customer is None or made is None or made["customer"] in (None, customer):
+            return
+        raise StripeError(
+            400,
+            f"The customer does not have a payment method with the ID {method_id}. The "
+            "payment method must be attached to the customer.",
+            param="payment_method",
+        )
 
     def get(self, method_id: str) -> StripeObject | None:
         made = self._made.get(method_id)

@@ -113,6 +113,30 @@ def test_the_stub_holds_each_method_for_one_customer(gateway, methods):
     with pytest.raises(stripe_sdk.InvalidRequestError) as refused:
         client.v1.payment_methods.attach(mine, params={"customer": BOB_CUS})
     assert refused.value.http_status == 400
+    # Stripe refuses to charge a customer with another customer's method
+    with pytest.raises(stripe_sdk.InvalidRequestError) as charged:
+        client.v1.payment_intents.create(
+            params={
+                "amount": 1000,
+                "currency": "usd",
+                "customer": BOB_CUS,
+                "payment_method": mine,
+                "confirm": True,
+                "off_session": True,
+            }
+        )
+    assert charged.value.http_status == 400
+    intent = client.v1.payment_intents.create(
+        params={
+            "amount": 1000,
+            "currency": "usd",
+            "customer": ALICE_CUS,
+            "payment_method": mine,
+            "confirm": True,
+            "off_session": True,
+        }
+    )
+    assert intent.status == "succeeded"
     client.v1.payment_methods.detach(mine)
     assert client.v1.payment_methods.retrieve(mine).customer is None
     with pytest.raises(stripe_sdk.InvalidRequestError) as missing:
