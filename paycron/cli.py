@@ -201,7 +201,8 @@ _by_option = click.option(
 @main.group("customer")
 def customer_group() -> None:
     """Which processor customers each payer (an API key's actor) may charge
-    (docs/customers.md), at the processor GATEWAY names."""
+    (docs/customers.md), at the processor GATEWAY names (set it as the web's
+    is: a binding at one processor says nothing at another)."""
 
 
 @customer_group.command("register")
@@ -223,7 +224,7 @@ def customer_register(customer: str, actor: str, by: str) -> None:
             raise click.ClickException(f"{exc.code}: {exc}") from None
     reason = "registered" if done.created else "already bound to this payer"
     _audit_cli("customer.register", "success", actor=by, target=target, reason=reason)
-    click.echo(f"{_printable(customer)} -> {_printable(actor)}: {reason}")
+    click.echo(f"{_printable(customer)} -> {_printable(actor)} at {config.gateway}: {reason}")
 
 
 @customer_group.command("remove")
@@ -241,7 +242,10 @@ def customer_remove(customer: str, by: str) -> None:
         click.echo(f"{_printable(customer)} is bound to no payer", err=True)
         sys.exit(1)
     _audit_cli("customer.remove", "success", actor=by, target=f"customer of {removed['actor']}")
-    click.echo(f"{_printable(customer)} no longer bound to {_printable(removed['actor'])}")
+    click.echo(
+        f"{_printable(customer)} at {config.gateway} no longer bound to "
+        f"{_printable(removed['actor'])}"
+    )
 
 
 @customer_group.command("list")

@@ -379,7 +379,8 @@ def cli(config):
 
 
 def test_the_cli_registers_lists_and_removes_and_audits_each(cli, conn, audit_lines):
-    cli("customer", "register", ALICE_CUS, "--actor", "alice", "--by", "ops-bo")
+    said = cli("customer", "register", ALICE_CUS, "--actor", "alice", "--by", "ops-bo")
+    assert said.splitlines()[-1] == f"{ALICE_CUS} -> alice at fake: registered"
     cli("customer", "register", BOB_CUS, "--actor", "alice", "--by", "ops-bo")
     cli("customer", "register", ALICE_CUS, "--actor", "bob", "--by", "ops-bo", code=1)
     listed = [line.split("\t") for line in cli("customer", "list").splitlines()]
