@@ -269,6 +269,14 @@ class Config:
     #: One read of the console overview's numbers answers this many seconds
     #: of page views (several operators, a refreshing tab): one read per interval.
     console_cache_seconds: float = 5.0
+    #: A console bulk action over a filter acts on at most this many payments;
+    #: a filter matching more is refused at its preview (narrow it).
+    console_bulk_max: int = setting(1000, int)
+    #: A console bulk action whose total in any one currency is above this many
+    #: minor units needs a second operator's approval (a bulk refund always does).
+    console_approval_above_minor: int = setting(1_000_000, int)
+    #: A console approval request not decided within this many minutes expires.
+    console_approval_minutes: float = setting(60.0, float)
 
     def __post_init__(self) -> None:
         if self.gateway_timeout_seconds > self.lease_seconds / 3:
@@ -312,6 +320,12 @@ class Config:
             )
         if self.console_session_minutes <= 0:
             raise ConfigError("CONSOLE_SESSION_MINUTES must be > 0")
+        if self.console_bulk_max < 1:
+            raise ConfigError("CONSOLE_BULK_MAX must be >= 1")
+        if self.console_approval_above_minor < 0:
+            raise ConfigError("CONSOLE_APPROVAL_ABOVE_MINOR must be >= 0")
+        if self.console_approval_minutes <= 0:
+            raise ConfigError("CONSOLE_APPROVAL_MINUTES must be > 0")
         if self.gateway == "stripe" and not self.stripe_api_key:
             raise ConfigError(
                 "GATEWAY=stripe needs STRIPE_API_KEY (a secret key, sk_live_… or sk_test_…)"

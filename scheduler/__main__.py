@@ -2,7 +2,8 @@
 
 It reads :class:`Config`, reports to Sentry as "scheduler", builds the
 pools, the Redis client and a broker to send with, and runs each periodic
-service (sweeper, reaper, partition keeper, webhook relay, gateway events) in a thread of
+service (sweeper, reaper, partition keeper, webhook relay, gateway events,
+console bulk actions) in a thread of
 its own until SIGTERM. No leader: run as many as you like; SKIP LOCKED, the
 shared pacing bucket and the guarded reaper make them cooperate through
 Postgres and Redis alone. It sends the workers' message (paycron.engine.messages)
@@ -30,6 +31,7 @@ from paycron.processors.factory import build_processor
 from paycron.store.db import make_pool, make_redis
 from paycron.store.migrate import wait_until_current
 from scheduler import gateway_events
+from scheduler.console_bulk import ConsoleBulkRunner
 from scheduler.gateway_events import GatewayEventService
 from scheduler.partition_keeper import PartitionKeeper
 from scheduler.reaper import Reaper
@@ -95,6 +97,13 @@ def build(config: Config) -> Scheduler:
             wake=wake,
         ),
         Reaper(config=config, pool=pool),
+        # The console's bulk dead-letter actions, a chunk at a time.
+        ConsoleBulkRunner(
+            pool=pool,
+            gateway=build_processor(
+                config, max_connections=4, call_limiter=CallLimiter(client, config)
+            ),
+        ),
         PartitionKeeper(config=config, pool=pool),
         WebhookRelay(pool=relay_pool, config=relay_config),
         # Retrieves take tokens from the workers' call window: polling never

@@ -74,7 +74,7 @@ def install(app: Flask, *, breaker: CircuitBreaker) -> None:
     config = app.extensions["paycron.config"]
     if not config.console_secret_key:
         return
-    from web.console import actions, views  # noqa: F401  (their routes join bp)
+    from web.console import actions, bulk, views  # noqa: F401  (their routes join bp)
 
     app.session_interface = ConsoleSessionInterface(
         config.console_secret_key, minutes=config.console_session_minutes
