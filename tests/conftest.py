@@ -45,12 +45,14 @@ _TABLES = (
     "idempotency_keys",
     "api_keys",
     "refunds",
+    "webhook_replays",
     "webhook_deliveries",
     "webhook_endpoints",
     "reconciliation_items",
     "reconciliation_runs",
     "gateway_events",
     "customers",
+    "history_minutes",
 )
 
 

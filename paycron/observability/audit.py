@@ -59,6 +59,7 @@ EVENTS = {
     "console.bulk_expire": "a bulk action's approval request expires undecided",
     "console.bulk_finish": "a bulk action has acted on (or refused) each of its payments",
     "payment.cancel": "an operator cancels a PENDING payment (console)",
+    "webhook.replay": "a webhook delivery queued to be sent again (console)",
     "api_key.create": "an API key created (CLI)",
     "api_key.revoke": "an API key revoked (CLI)",
     "customer.register": "a processor customer registered to a payer (admin API or CLI)",

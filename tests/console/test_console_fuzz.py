@@ -62,6 +62,9 @@ def token_of(client) -> str:
         "/console/dead-letters?parked_before=2026-01-01%00",
         "/console/dead-letters/all/dismiss?parked_before=99999-01-01",
         "/console/bulk/1?cursor=0193a1c2",
+        "/console/history?range=30d",
+        "/console/payments.csv?day=9999-12-31",
+        "/console/webhooks/0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b?cursor=-1",
     ],
 )
 def test_bad_filters_and_cursors_are_a_400(signed_in, url):
@@ -111,6 +114,9 @@ PAGES = {
     "/console/webhooks": ["cursor"],
     "/console/sign-in": ["next"],
     "/console/": ["x"],
+    "/console/history": ["range", "x"],
+    "/console/payments.csv": ["payer", "status", "day", "cursor"],
+    "/console/webhooks/0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b": ["cursor"],
 }
 
 #: Values a person or a script might send: any bytes, and near-misses of
@@ -127,6 +133,8 @@ NEAR_MISSES = [
     b"9999-12-31",
     b"2026-02-30",
     b"2026-01-01",
+    b"9999-12-31",
+    b"7d",
     b"99999999999999999999",
     b"-1",
     b"0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b",
@@ -176,6 +184,7 @@ FORMS = [
     ("/console/approvals/1/approve", ["x", "x", "x"]),
     ("/console/approvals/1/reject", ["x", "x", "x"]),
     ("/console/payments/{id}/cancel", ["reason", "x", "x"]),
+    ("/console/webhooks/{id}/deliveries/1/replay", ["x"]),
 ]
 
 

@@ -15,9 +15,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from paycron.sql import q
 from paycron.store import partitions
 from tests.factories import insert_payment, park
 from tests.store.test_schema import scanned_partitions
+from web.console import deliveries as console_deliveries
+from web.console import history as console_history
 from web.console import reads
 from web.console.reads import QUERIES
 
@@ -251,3 +254,92 @@ def test_filtered_reconciliation_runs_ride_an_index(conn):
     text = plan(conn, "reconciliation_runs_page", params)
     assert "Seq Scan" not in text, text
     assert re.search(r"reconciliation_runs_(pkey|day_idx)", text), text
+
+
+# -- history and webhook deliveries (web/console/history.sql, the roller's SQL) ----------
+
+WEEK_AGO = NOW - timedelta(days=7)
+
+
+def plan_sql(conn, sql: str, params: dict) -> str:
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL enable_seqscan = off")
+        return "\n".join(
+            r["QUERY PLAN"] for r in conn.execute("EXPLAIN (COSTS OFF) " + sql, params)
+        )
+
+
+#: query -> (its SQL, its parameters, the index its plan must use)
+HISTORY_CASES = {
+    "history_range": (
+        console_history.QUERIES["history_range"],
+        {"since": WEEK_AGO, "until": NOW, "step_seconds": 3600.0},
+        r"history_minutes_pkey",
+    ),
+    "history_lateness_range": (
+        console_history.QUERIES["history_lateness_range"],
+        {"since": WEEK_AGO, "until": NOW, "step_seconds": 3600.0},
+        r"history_minutes_pkey",
+    ),
+    "webhook_endpoint": (
+        console_deliveries.QUERIES["webhook_endpoint"],
+        {"id": uuid.uuid4()},
+        r"webhook_endpoints_pkey",
+    ),
+    "webhook_deliveries_page": (
+        console_deliveries.QUERIES["webhook_deliveries_page"],
+        {"endpoint_id": uuid.uuid4(), "before_event_id": 2**62, "limit": 51},
+        r"Index Scan Backward using webhook_deliveries_pkey",
+    ),
+    "webhook_replays_of": (
+        console_deliveries.QUERIES["webhook_replays_of"],
+        {"endpoint_id": uuid.uuid4(), "limit": 20},
+        r"webhook_replays_endpoint_idx",
+    ),
+    "webhook_replay_request": (
+        console_deliveries.QUERIES["webhook_replay_request"],
+        {"endpoint_id": uuid.uuid4(), "event_id": 1, "requested_by": "ops"},
+        r"webhook_deliveries_pkey(.|\n)*payment_events_pkey",
+    ),
+    # the roller's reads: a minute range of attempts and dead letters, the
+    # retention's minutes against the primary key
+    "history_attempts_by_minute": (
+        q("history_attempts_by_minute"),
+        {"since": HOUR_AGO, "until": NOW, "edges": [0.5, 1.0]},
+        r"attempts_started_idx",
+    ),
+    "history_dead_letters_by_minute": (
+        q("history_dead_letters_by_minute"),
+        {"since": HOUR_AGO, "until": NOW},
+        r"dead_letters_created_idx",
+    ),
+    "history_first_pending": (
+        q("history_first_pending"),
+        {"since": WEEK_AGO, "until": NOW, "settle_seconds": 300.0},
+        r"history_minutes_pkey",
+    ),
+    "history_prune": (q("history_prune"), {"before": WEEK_AGO}, r"history_minutes_pkey"),
+    "webhook_claim_replays": (
+        q("webhook_claim_replays"),
+        {"limit": 4, "lease_seconds": 60.0},
+        r"webhook_replays_waiting_idx",
+    ),
+}
+
+
+def test_every_history_and_delivery_query_has_a_case():
+    assert set(console_history.QUERIES) | set(console_deliveries.QUERIES) <= set(HISTORY_CASES)
+
+
+@pytest.mark.parametrize("name", sorted(HISTORY_CASES))
+def test_each_history_query_rides_an_index(conn, name):
+    sql, params, index = HISTORY_CASES[name]
+    text = plan_sql(conn, sql, params)
+    assert "Seq Scan" not in text, text
+    assert re.search(index, text), text
+
+
+def test_the_charts_never_read_attempts(conn):
+    for name in ("history_range", "history_lateness_range"):
+        sql, params, _ = HISTORY_CASES[name]
+        assert "attempts " not in plan_sql(conn, sql, params).replace("first_attempts", "")

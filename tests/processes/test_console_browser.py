@@ -219,6 +219,20 @@ def test_sign_in_and_see_every_page(page, server, admin_key, conn, shots):
     expect(page.get_by_text("Endpoints of alice: 3 events waiting")).to_be_visible()
     expect(page.get_by_role("cell", name="503: Service Unavailable")).to_be_visible()
     snap(page, shots, "09-webhooks")
+    page.get_by_role("link", name=str(endpoint)).click()
+    expect(page.get_by_role("cell", name="503: Service Unavailable")).to_be_visible()
+    page.get_by_role("button", name="Replay").click()
+    expect(page.get_by_text(f"of event {events[0]} queued")).to_be_visible()
+    expect(page.get_by_role("cell", name="waiting")).to_be_visible()
+    snap(page, shots, "09b-webhook-endpoint")
+
+    nav.get_by_role("link", name="History").click()
+    expect(page.get_by_role("img", name="Trigger lateness, last hour")).to_be_visible()
+    expect(page.get_by_role("img", name="Processor error rate, last hour")).to_be_visible()
+    expect(page.get_by_label("Live (every 15 s)")).to_be_checked()  # its script ran
+    page.get_by_role("link", name="last 7 days").click()
+    expect(page.get_by_role("img", name="Throughput, last 7 days")).to_be_visible()
+    snap(page, shots, "09c-history")
 
     page.get_by_role("button", name="Sign out").click()
     expect(page.get_by_label("API key")).to_be_visible()
