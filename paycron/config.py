@@ -92,6 +92,16 @@ def _executor(text: str) -> str:
     return text.lower()
 
 
+#: How a processor customer comes to belong to an actor (docs/customers.md).
+CUSTOMER_BINDINGS = ("first_use", "registered")
+
+
+def _binding(text: str) -> str:
+    if text.lower() not in CUSTOMER_BINDINGS:
+        raise ValueError(f"expected one of {', '.join(CUSTOMER_BINDINGS)}")
+    return text.lower()
+
+
 def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
     """Comma-separated addresses or CIDR networks (``10.0.0.0/8, ::1``)."""
     return tuple(
@@ -126,6 +136,19 @@ class Config:
     stripe_api_version: str = setting(STRIPE_API_VERSION, str)
     #: Signing secrets of Stripe's events, comma-separated (rotation).
     stripe_webhook_secret: tuple[str, ...] = setting((), _secrets, secret=True)
+    #: Which processor customers an actor may name (docs/customers.md):
+    #: ``first_use``, the first actor to name an unregistered customer gets it
+    #: (registered ones stay their actor's); ``registered``, only customers an
+    #: admin registered to the actor (``paycron customer register``).
+    customer_binding: str = setting("first_use", _binding)
+    #: Ask the processor, at create, whose a payment method is, and refuse a
+    #: method attached to another customer (PAYMENT_METHOD_NOT_CUSTOMERS).
+    #: Only processors that can tell (Stripe) are asked.
+    payment_method_check: bool = setting(True, _flag)
+    #: The wall-clock bound of that check for one request (a batch's every
+    #: new pair included): past it the create answers 503
+    #: PROCESSOR_UNAVAILABLE and writes nothing.
+    payment_method_check_seconds: float = setting(5.0, parse_duration)
     #: How long the processor remembers an idempotency key (Stripe: 24 h).
     gateway_key_retention_seconds: float = setting(86400.0, parse_duration)
     #: The processor's own processing after we gave up on a call: a call can
@@ -332,6 +355,8 @@ class Config:
                 "in-flight bound (LEASE_SECONDS + GATEWAY_TIMEOUT_SECONDS + "
                 "GATEWAY_SETTLE_MARGIN_SECONDS)"
             )
+        if self.payment_method_check_seconds <= 0:
+            raise ConfigError("PAYMENT_METHOD_CHECK_SECONDS must be > 0")
         if len(self.default_currency) != 3:
             raise ConfigError("DEFAULT_CURRENCY must be an ISO 4217 code")
 
