@@ -9,14 +9,21 @@ one payment in 500 FAILED and one in 2,000 parked in doubt with an open
 dead letter), one payer's idempotency rows (the payer search's order) for
 a fifth of them, a first attempt for each payment due in the last two
 hours, 1,000 webhook endpoints of 500 payers with 100,000 undelivered
-events, and 30 reconciliation runs. Then times each console page through
-the Flask test client, signed in, after a warm-up; the overview's read is
-timed uncached. Prints each page's median and p95 in milliseconds.
+events (and 200,000 delivery rows for one endpoint), and 30 reconciliation
+runs. Then rolls up the history (``history_minutes``: the 8 days' backfill,
+then a steady run) and times each console page through the Flask test
+client, signed in, after a warm-up (the filtered lists, the bulk preview,
+approvals and audit, the History page in its three ranges, an endpoint's
+deliveries, a payer's CSV export at its 10,000-row cap); the overview's
+read is timed uncached. Prints each page's median and p95 in milliseconds,
+the roller's runs, then the time to request and run a bulk dismiss of one
+payer's dead letters.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import random
 import re
@@ -136,6 +143,15 @@ def load(conn, n: int) -> dict:
             "SELECT gen_random_uuid(), 'payer-' || (g % 500), 'payment.created', "
             "'PENDING', 0 FROM generate_series(1, 100000) g"
         )
+        endpoint = conn.execute("SELECT id FROM webhook_endpoints ORDER BY id LIMIT 1").fetchone()[
+            "id"
+        ]
+        conn.execute(
+            "INSERT INTO webhook_deliveries (endpoint_id, event_id, attempts, last_status, "
+            "last_latency_ms, delivered_at) "
+            "SELECT %s, g, 1, 200, 40 + g %% 200, now() FROM generate_series(1, 200000) g",
+            (endpoint,),
+        )
         conn.execute(
             "INSERT INTO reconciliation_runs (day, source, finished_at, charges_seen) "
             "SELECT current_date - g, 'gateway', now(), 1000 "
@@ -147,11 +163,34 @@ def load(conn, n: int) -> dict:
         "attempts",
         "dead_letters",
         "webhook_endpoints",
+        "webhook_deliveries",
         "payment_events",
         "reconciliation_runs",
     ):
         conn.execute(f"ANALYZE {table}")
-    return {"parked": len(parked), "failed": failed, "some": rows[len(rows) // 2][0]}
+    parkers = collections.Counter(payer for _, _, payer in parked)
+    return {
+        "parked": len(parked),
+        "failed": failed,
+        "some": rows[len(rows) // 2][0],
+        # the payer with the most open dead letters (a bulk action's filter)
+        "parker": parkers.most_common(1)[0][0] if parkers else PAYER,
+        "endpoint": endpoint,
+    }
+
+
+def roll_up(conn) -> dict[str, float]:
+    """The history roller's two kinds of run, timed: the first start's
+    backfill of the retention, then a steady run (the unsettled tail)."""
+    from paycron.store import history
+
+    times = {}
+    for name in ("history backfill (8 days)", "history steady run"):
+        started = time.perf_counter()
+        counts = history.roll_up_pending(conn)
+        times[f"{name}, {counts.minutes} min"] = (time.perf_counter() - started) * 1000
+    conn.execute("ANALYZE history_minutes")
+    return times
 
 
 def timed(client, url: str, samples: int) -> list[float]:
@@ -161,6 +200,7 @@ def timed(client, url: str, samples: int) -> list[float]:
     for _ in range(samples):
         started = time.perf_counter()
         answer = client.get(url)
+        answer.get_data()  # a streamed body (the CSV) is read to its end
         times.append((time.perf_counter() - started) * 1000)
         assert answer.status_code in (200, 302), (url, answer.status_code)
     return times
@@ -175,6 +215,7 @@ def run(payments: int, requests: int) -> None:
             loaded_at = time.perf_counter()
             seeded = load(conn, payments)
             loaded = time.perf_counter() - loaded_at
+            rollups = roll_up(conn)
             key, _ = apikeys.create_api_key(conn, "bench-ops", admin=True)
         config = Config.from_env(
             {
@@ -196,6 +237,8 @@ def run(payments: int, requests: int) -> None:
                 == 302
             )
             today = datetime.now(UTC).date().isoformat()
+            week_ago = (datetime.now(UTC) - timedelta(days=7)).date().isoformat()
+            parker = seeded["parker"]
             pages = {
                 "overview (cached)": "/console/",
                 "payment by id": f"/console/payments/{seeded['some']}",
@@ -203,9 +246,27 @@ def run(payments: int, requests: int) -> None:
                 "payer + FAILED": f"/console/payments?payer={PAYER}&status=FAILED",
                 "FAILED, today": f"/console/payments?status=FAILED&day={today}",
                 "today, any status": f"/console/payments?day={today}",
+                "due 7 days, FAILED": (
+                    f"/console/payments?due_from={week_ago}&due_to={today}&status=FAILED"
+                ),
+                "due 7 days, in doubt": (
+                    f"/console/payments?due_from={week_ago}&due_to={today}"
+                    "&in_doubt=yes&processor=fake"
+                ),
                 "dead letters": "/console/dead-letters",
+                "dead letters of a payer": f"/console/dead-letters?payer={parker}",
+                "dead letters by reason": "/console/dead-letters?reason=RETRIES_EXHAUSTED",
+                "dead letters parked before": f"/console/dead-letters?parked_before={week_ago}",
+                "bulk preview of a payer": f"/console/dead-letters/all/dismiss?payer={parker}",
+                "approvals": "/console/approvals",
+                "audit": "/console/audit",
                 "reconciliation": "/console/reconciliation",
                 "webhooks": "/console/webhooks",
+                "history, 1 h": "/console/history?range=1h",
+                "history, 24 h": "/console/history?range=24h",
+                "history, 7 d": "/console/history?range=7d",
+                "endpoint deliveries": f"/console/webhooks/{seeded['endpoint']}",
+                "CSV, payer (10k cap)": f"/console/payments.csv?payer={PAYER}",
             }
             results = {name: timed(client, path, requests) for name, path in pages.items()}
             pool, breaker_state = app.extensions["paycron.pool"], (lambda: "closed")
@@ -216,6 +277,7 @@ def run(payments: int, requests: int) -> None:
                     reads.read_overview(conn, now=datetime.now(UTC), circuit=breaker_state)
                 overview.append((time.perf_counter() - started) * 1000)
             results["overview read (uncached)"] = overview
+            bulk = bulk_run(client, app, parker)
         finally:
             app.extensions["paycron.pool"].close()
     print(
@@ -226,6 +288,37 @@ def run(payments: int, requests: int) -> None:
     for name, samples in results.items():
         p95 = statistics.quantiles(samples, n=20)[-1] if len(samples) >= 2 else samples[0]
         print(f"  {name:<26} median {statistics.median(samples):8.1f} ms   p95 {p95:8.1f} ms")
+    for name, ms in rollups.items():
+        print(f"  {name:<40} {ms:8.1f} ms")
+    count, seconds = bulk
+    print(
+        f"  bulk dismiss of {count} dead letters of one payer: requested and run in "
+        f"{seconds * 1000:.0f} ms ({seconds * 1000 / max(count, 1):.1f} ms a payment)"
+    )
+
+
+def bulk_run(client, app, payer: str) -> tuple[int, float]:
+    """Preview and confirm a dismiss of every open dead letter of ``payer``, then
+    run it to the end as the scheduler's runner does: (payments, seconds)."""
+    from paycron.engine import console_bulk
+
+    started = time.perf_counter()
+    preview = client.get(f"/console/dead-letters/all/dismiss?payer={payer}")
+    html = preview.get_data(as_text=True)
+    token = re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
+    digest = re.search(r'name="digest" value="([0-9a-f]+)"', html).group(1)
+    answer = client.post(
+        "/console/dead-letters/all/dismiss",
+        data={"payer": payer, "csrf_token": token, "digest": digest, "note": "bench"},
+    )
+    assert answer.status_code == 302, answer.status_code
+    pool, gateway = app.extensions["paycron.pool"], app.extensions["paycron.gateway"]
+    count = 0
+    while True:
+        counts = console_bulk.run_once(pool, gateway)
+        count += counts.done + counts.refused
+        if counts.finished:
+            return count, time.perf_counter() - started
 
 
 def main() -> None:

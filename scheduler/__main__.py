@@ -2,10 +2,11 @@
 
 It reads :class:`Config`, reports to Sentry as "scheduler", builds the
 pools, the Redis client and a broker to send with, and runs each periodic
-service (sweeper, reaper, partition keeper, webhook relay, gateway events) in a thread of
-its own until SIGTERM. No leader: run as many as you like; SKIP LOCKED, the
-shared pacing bucket and the guarded reaper make them cooperate through
-Postgres and Redis alone. It sends the workers' message (paycron.engine.messages)
+service (sweeper, reaper, partition keeper, history roller, webhook relay,
+gateway events, console bulk actions) in a thread of its own until SIGTERM.
+No leader: run as many as you like; SKIP LOCKED, advisory locks, the shared
+pacing bucket and the guarded reaper make them cooperate through Postgres
+and Redis alone. It sends the workers' message (paycron.engine.messages)
 without importing the worker's wiring.
 """
 
@@ -30,7 +31,9 @@ from paycron.processors.factory import build_processor
 from paycron.store.db import make_pool, make_redis
 from paycron.store.migrate import wait_until_current
 from scheduler import gateway_events
+from scheduler.console_bulk import ConsoleBulkRunner
 from scheduler.gateway_events import GatewayEventService
+from scheduler.history import HistoryRoller
 from scheduler.partition_keeper import PartitionKeeper
 from scheduler.reaper import Reaper
 from scheduler.relay import RelayConfig, WebhookRelay
@@ -74,7 +77,8 @@ def build(config: Config) -> Scheduler:
     relay_config = RelayConfig.from_config(config)  # validated before anything starts
     client = make_redis(config)
     broker = RedisBroker(url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq")
-    pool = make_pool(config, max_size=4, name="scheduler")
+    # One connection per service on it (sweeper, reaper, keeper, roller) and one spare.
+    pool = make_pool(config, max_size=5, name="scheduler")
     # Webhooks have their own pool: a slow endpoint never holds a sweep's connection.
     relay_pool = make_pool(config, max_size=relay_config.pool_size, name="relay")
     # And the processor's events theirs: a burst of them never delays a sweep.
@@ -95,7 +99,15 @@ def build(config: Config) -> Scheduler:
             wake=wake,
         ),
         Reaper(config=config, pool=pool),
+        # The console's bulk dead-letter actions, a chunk at a time.
+        ConsoleBulkRunner(
+            pool=pool,
+            gateway=build_processor(
+                config, max_connections=4, call_limiter=CallLimiter(client, config)
+            ),
+        ),
         PartitionKeeper(config=config, pool=pool),
+        HistoryRoller.from_config(config, pool=pool),
         WebhookRelay(pool=relay_pool, config=relay_config),
         # Retrieves take tokens from the workers' call window: polling never
         # pushes charges past the processor's rate limit.

@@ -14,6 +14,10 @@ lease. Endpoints are served concurrently by a small thread pool with a short
 per-request timeout, and the next endpoint is claimed as soon as a worker is
 free, so a slow or dead endpoint delays only itself.
 
+Operators' replays (``webhook_replays``, queued by the console) are claimed
+before streams and sent once each, the same way, outside their endpoint's
+stream: its cursor does not move (docs/console.md, "Webhook deliveries").
+
 Each request: ``POST <url>`` with the event as JSON (the ``/v1/events``
 shape) and the headers
 
@@ -123,11 +127,13 @@ class RelayCounts:
     endpoints: int = 0
     delivered: int = 0
     failed: int = 0
+    replayed: int = 0  # operators' replays sent (whatever the answer)
 
     def add(self, other: RelayCounts) -> None:
         self.endpoints += other.endpoints
         self.delivered += other.delivered
         self.failed += other.failed
+        self.replayed += other.replayed
 
 
 class WebhookRelay(PeriodicService):
@@ -163,9 +169,16 @@ class WebhookRelay(PeriodicService):
         )
 
     def run_once(self) -> RelayCounts:
-        """Claim endpoints with events to send and serve them, concurrently,
-        until a claim comes back short."""
+        """Send the replays operators asked for, then claim endpoints with
+        events to send and serve them, concurrently, each until a claim
+        comes back short."""
         counts = RelayCounts()
+        while True:
+            replays = self._claim_replays(self.config.concurrency)
+            for sent in self._executor.map(self._replay, replays):
+                counts.add(sent)
+            if len(replays) < self.config.concurrency:
+                break
         while True:
             leases = self._claim(self.config.concurrency)
             for served in self._executor.map(self._serve, leases):
@@ -190,12 +203,16 @@ class WebhookRelay(PeriodicService):
                     delivery_failures.failed(future.exception())
             free = self.config.concurrency - len(running)
             try:
+                # Operators' replays first: they are few, and someone waits on them.
+                replays = self._claim_replays(free) if free else []
+                free -= len(replays)
                 leases = self._claim(free) if free else []
             except Exception as exc:  # a database outage: log, back off, go on
                 claim_failures.failed(exc)
                 self._stopping.wait(ERROR_PAUSE_SECONDS)
                 continue
             claim_failures.succeeded()
+            running |= {self._executor.submit(self._replay, replay) for replay in replays}
             running |= {self._executor.submit(self._serve, lease) for lease in leases}
             if running:
                 wait(running, timeout=self.config.poll_seconds, return_when=FIRST_COMPLETED)
@@ -226,6 +243,35 @@ class WebhookRelay(PeriodicService):
                 conn, limit=limit, lease_seconds=self.config.lease_seconds
             )
 
+    def _claim_replays(self, limit: int) -> list[webhooks.Replay]:
+        with self.pool.connection() as conn:
+            return webhooks.claim_replays(
+                conn, limit=limit, lease_seconds=self.config.lease_seconds
+            )
+
+    def _replay(self, replay: webhooks.Replay) -> RelayCounts:
+        """Send one replay as any delivery is sent (the destination checked,
+        signed anew, within the timeout) and record its answer; the stream's
+        cursor and its deliveries are not touched."""
+        if not replay.live or replay.event is None:
+            status, error, latency = (
+                None,
+                "endpoint_deleted" if not replay.live else "event_gone",
+                None,
+            )
+        else:
+            status, error, latency = self._timed_post(replay.lease, replay.event)
+        with self.pool.connection() as conn:
+            webhooks.record_replay(conn, replay.id, status=status, error=error, latency_ms=latency)
+        return RelayCounts(replayed=1)
+
+    def _timed_post(self, lease: Lease, event: dict) -> tuple[int | None, str | None, int]:
+        """:meth:`_post` and its wall time in milliseconds (the destination's
+        check, the request and the answer)."""
+        started = time.monotonic()
+        status, error = self._post(lease, event)
+        return status, error, round((time.monotonic() - started) * 1000)
+
     def _serve(self, lease: Lease) -> RelayCounts:
         """Send one endpoint's next events in order, stopping at the first
         failure. A send starts only while a whole timeout still fits in the
@@ -240,14 +286,14 @@ class WebhookRelay(PeriodicService):
                 or time.monotonic() + self.config.timeout_seconds > send_until
             ):
                 break
-            status, error = self._post(lease, event)
+            status, error, latency = self._timed_post(lease, event)
             if status is None or not 200 <= status < 300:
-                self._back_off(lease, event, status, error)
+                self._back_off(lease, event, status, error, latency)
                 counts.failed += 1
                 return counts  # released by the back-off
             counts.delivered += 1
             with self.pool.connection() as conn:
-                recorded = webhooks.record_delivered(conn, lease, event, status)
+                recorded = webhooks.record_delivered(conn, lease, event, status, latency_ms=latency)
             if recorded is Recorded.LEASE_LOST:
                 log.warning("webhook lease lost: endpoint %s", lease.endpoint_id)
                 return counts
@@ -257,7 +303,14 @@ class WebhookRelay(PeriodicService):
             webhooks.release(conn, lease)
         return counts
 
-    def _back_off(self, lease: Lease, event: dict, status: int | None, error: str) -> None:
+    def _back_off(
+        self,
+        lease: Lease,
+        event: dict,
+        status: int | None,
+        error: str,
+        latency_ms: int | None = None,
+    ) -> None:
         config = self.config
         delay = webhooks.backoff(
             event["attempts"] + 1,
@@ -267,7 +320,15 @@ class WebhookRelay(PeriodicService):
             rng=self._rng,
         )
         with self.pool.connection() as conn:
-            webhooks.record_failed(conn, lease, event, status=status, error=error, delay=delay)
+            webhooks.record_failed(
+                conn,
+                lease,
+                event,
+                status=status,
+                error=error,
+                delay=delay,
+                latency_ms=latency_ms,
+            )
         log.info(
             "webhook to endpoint %s failed (%s), retry in %.1fs", lease.endpoint_id, error, delay
         )

@@ -53,8 +53,17 @@ EVENTS = {
     "dead_letter.redrive": "a dead letter re-driven (admin API or console)",
     "dead_letter.refund": "a dead letter's charge refunded (admin API or console)",
     "dead_letter.dismiss": "a dead letter dismissed (admin API or console)",
+    "console.bulk_request": "an operator asks for a bulk action over a filter (console)",
+    "console.bulk_approve": "a second operator approves a bulk action (console)",
+    "console.bulk_reject": "a second operator rejects a bulk action (console)",
+    "console.bulk_expire": "a bulk action's approval request expires undecided",
+    "console.bulk_finish": "a bulk action has acted on (or refused) each of its payments",
+    "payment.cancel": "an operator cancels a PENDING payment (console)",
+    "webhook.replay": "a webhook delivery queued to be sent again (console)",
     "api_key.create": "an API key created (CLI)",
     "api_key.revoke": "an API key revoked (CLI)",
+    "customer.register": "a processor customer registered to a payer (admin API or CLI)",
+    "customer.remove": "a processor customer's binding to its payer removed (admin API or CLI)",
 }
 
 #: Free text (a target, a reason) is cut to this many characters.

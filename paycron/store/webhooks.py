@@ -149,7 +149,9 @@ def pending_events(conn: Connection, lease: Lease, *, limit: int) -> list[dict]:
     return conn.execute(q("webhook_pending_events"), {**lease.params(), "limit": limit}).fetchall()
 
 
-def record_delivered(conn: Connection, lease: Lease, event: dict, status: int) -> Recorded:
+def record_delivered(
+    conn: Connection, lease: Lease, event: dict, status: int, *, latency_ms: int | None = None
+) -> Recorded:
     row = conn.execute(
         q("webhook_record_delivered"),
         {
@@ -157,6 +159,7 @@ def record_delivered(conn: Connection, lease: Lease, event: dict, status: int) -
             "event_id": event["id"],
             "txid": event["txid"],
             "status": status,
+            "latency_ms": latency_ms,
         },
     ).fetchone()
     if row is None:
@@ -165,7 +168,14 @@ def record_delivered(conn: Connection, lease: Lease, event: dict, status: int) -
 
 
 def record_failed(
-    conn: Connection, lease: Lease, event: dict, *, status: int | None, error: str, delay: float
+    conn: Connection,
+    lease: Lease,
+    event: dict,
+    *,
+    status: int | None,
+    error: str,
+    delay: float,
+    latency_ms: int | None = None,
 ) -> None:
     """Records the attempt, backs the endpoint off ``delay`` seconds, releases it."""
     conn.execute(
@@ -176,7 +186,63 @@ def record_failed(
             "status": status,
             "error": error,
             "delay": delay,
+            "latency_ms": latency_ms,
         },
+    )
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One claimed replay: where it goes, and its event (None: pruned)."""
+
+    id: int
+    lease: Lease  # the endpoint's URL and secret; it fences nothing
+    live: bool
+    event: dict | None
+
+
+def claim_replays(conn: Connection, *, limit: int, lease_seconds: float) -> list[Replay]:
+    """Lease up to ``limit`` of the replays operators asked for (the console
+    inserts them), oldest first."""
+    rows = conn.execute(
+        q("webhook_claim_replays"), {"limit": limit, "lease_seconds": lease_seconds}
+    ).fetchall()
+    return [
+        Replay(
+            id=r["id"],
+            lease=Lease(
+                endpoint_id=r["endpoint_id"],
+                url=r["url"],
+                secret=r["secret"],
+                owner=uuid.UUID(int=0),
+            ),
+            live=r["live"],
+            event=(
+                None
+                if r["event_id"] is None
+                else {
+                    "id": r["event_id"],
+                    **{k: r[k] for k in ("txid", "payment_id", "type", "status", "attempt")},
+                    "data": r["data"],
+                    "created_at": r["created_at"],
+                }
+            ),
+        )
+        for r in rows
+    ]
+
+
+def record_replay(
+    conn: Connection,
+    replay_id: int,
+    *,
+    status: int | None,
+    error: str | None,
+    latency_ms: int | None,
+) -> None:
+    conn.execute(
+        q("webhook_record_replay"),
+        {"id": replay_id, "status": status, "error": error, "latency_ms": latency_ms},
     )
 
 

@@ -419,7 +419,7 @@ def test_empty_states_say_so(signed_in):
         as_text=True
     )
     assert "No live webhook endpoints" in signed_in.get("/console/webhooks").get_data(as_text=True)
-    assert "Search by payment id" in signed_in.get("/console/payments").get_data(as_text=True)
+    assert "Filter by payment id" in signed_in.get("/console/payments").get_data(as_text=True)
 
 
 def test_parked_in_doubt_is_listed_with_its_age(signed_in, conn):

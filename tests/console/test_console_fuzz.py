@@ -57,6 +57,14 @@ def token_of(client) -> str:
         "/console/reconciliation?cursor=-1",
         "/console/reconciliation?cursor=99999999999999999999",
         "/console/payments?payer=acme&cursor=x_y",
+        "/console/payments?due_from=2026-01-01T10:00%2B99:00",
+        "/console/payments?due_to=9999-12-31",
+        "/console/dead-letters?parked_before=2026-01-01%00",
+        "/console/dead-letters/all/dismiss?parked_before=99999-01-01",
+        "/console/bulk/1?cursor=0193a1c2",
+        "/console/history?range=30d",
+        "/console/payments.csv?day=9999-12-31",
+        "/console/webhooks/0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b?cursor=-1",
     ],
 )
 def test_bad_filters_and_cursors_are_a_400(signed_in, url):
@@ -83,13 +91,32 @@ FUZZ = settings(
 
 #: Each page with the fields it reads from its query string.
 PAGES = {
-    "/console/payments": ["id", "payer", "status", "day", "cursor"],
-    "/console/dead-letters": ["cursor", "reason"],
-    "/console/reconciliation": ["cursor"],
+    "/console/payments": [
+        "id",
+        "payer",
+        "status",
+        "day",
+        "cursor",
+        "due_from",
+        "due_to",
+        "processor",
+        "failure_reason",
+        "in_doubt",
+    ],
+    "/console/dead-letters": ["cursor", "reason", "payer", "parked_before", "processor"],
+    "/console/dead-letters/all/dismiss": ["reason", "payer", "parked_before", "processor"],
+    "/console/bulk/1": ["cursor"],
+    "/console/approvals": ["x"],
+    "/console/audit": ["cursor"],
+    "/console/audit.csv": ["x"],
+    "/console/reconciliation": ["cursor", "day_before", "mismatches"],
     "/console/reconciliation/1": ["cursor"],
     "/console/webhooks": ["cursor"],
     "/console/sign-in": ["next"],
     "/console/": ["x"],
+    "/console/history": ["range", "x"],
+    "/console/payments.csv": ["payer", "status", "day", "cursor"],
+    "/console/webhooks/0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b": ["cursor"],
 }
 
 #: Values a person or a script might send: any bytes, and near-misses of
@@ -97,8 +124,17 @@ PAGES = {
 NEAR_MISSES = [
     b"FAILED",
     b"PENDING",
+    b"RETRIES_EXHAUSTED",
+    b"DECLINED",
+    b"fake",
+    b"yes",
+    b"2026-01-01T10:00",
+    b"2026-01-01T10:00+05:00",
+    b"9999-12-31",
     b"2026-02-30",
     b"2026-01-01",
+    b"9999-12-31",
+    b"7d",
     b"99999999999999999999",
     b"-1",
     b"0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b",
@@ -143,6 +179,12 @@ FORMS = [
     ("/console/dead-letters/{id}/redrive", ["note"]),
     ("/console/dead-letters/redrive-selected", ["payment_id", "payment_id", "confirmed"]),
     ("/console/sign-in", ["api_key", "next"]),
+    ("/console/dead-letters/all/dismiss", ["payer", "note", "digest"]),
+    ("/console/dead-letters/all/refund", ["reason", "parked_before", "note"]),
+    ("/console/approvals/1/approve", ["x", "x", "x"]),
+    ("/console/approvals/1/reject", ["x", "x", "x"]),
+    ("/console/payments/{id}/cancel", ["reason", "x", "x"]),
+    ("/console/webhooks/{id}/deliveries/1/replay", ["x"]),
 ]
 
 
@@ -150,7 +192,10 @@ FORMS = [
 @given(
     form=st.sampled_from(FORMS),
     values=st.lists(VALUES, min_size=3, max_size=3),
-    extra=st.lists(st.tuples(st.sampled_from(["note", "next", "x"]), VALUES), max_size=2),
+    extra=st.lists(
+        st.tuples(st.sampled_from(["note", "next", "x", "payer", "processor"]), VALUES),
+        max_size=2,
+    ),
 )
 def test_no_form_reaches_a_500(signed_in, conn, form, values, extra):
     path, names = form

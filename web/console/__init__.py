@@ -4,7 +4,8 @@
 Served by the web process only when ``CONSOLE_SECRET_KEY`` is set. Every
 page but the sign-in page needs a session (``web.console.session``); every
 action that moves money is a plain form with a confirmation step, so the
-console works without JavaScript (it has none).
+console works without JavaScript (the History page's live refresh is its
+only script, and optional).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def install(app: Flask, *, breaker: CircuitBreaker) -> None:
     config = app.extensions["paycron.config"]
     if not config.console_secret_key:
         return
-    from web.console import actions, views  # noqa: F401  (their routes join bp)
+    # Their routes join bp as they are imported.
+    from web.console import actions, bulk, deliveries, export, history, views  # noqa: F401
 
     app.session_interface = ConsoleSessionInterface(
         config.console_secret_key, minutes=config.console_session_minutes

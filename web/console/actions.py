@@ -11,14 +11,14 @@ from flask import current_app, flash, g, redirect, render_template, request, url
 
 from paycron.domain.ids import parse_payment_id
 from paycron.domain.keys import gateway_key
-from paycron.engine import dead_letters
-from paycron.errors import DeadLetterActionRefused, GatewayError, GatewayRequestRefused, NotFound
+from paycron.engine import console_bulk, dead_letters
+from paycron.errors import NotFound
 from web.audit import audit, audited
 from web.console import bp, reads
 from web.console.session import ConsoleRefused
 
 #: What each action is called on its button.
-LABELS = {"redrive": "Re-drive", "refund": "Refund", "dismiss": "Dismiss"}
+LABELS = console_bulk.LABELS
 #: The key a refund is made under, by the processor that holds the charge: the
 #: fake keys it by payment id, Stripe by the PaymentIntent it refunds.
 REFUND_KEYS = {"stripe": "refund:<intent id>", "fake": "refund:<payment id>"}
@@ -70,32 +70,35 @@ def _action(name: str) -> str:
     return LABELS[name]
 
 
-def _do(conn, name: str, payment_id: uuid.UUID, *, note: str | None = None):
-    gateway = current_app.extensions["paycron.gateway"]
-    actor = g.operator.actor
-    with audited(f"dead_letter.{name}", target=payment_id, channel="console", reason=note):
-        if name == "redrive":
-            return dead_letters.redrive(conn, gateway, payment_id, actor=actor)
-        if name == "refund":
-            return dead_letters.refund(conn, gateway, payment_id, actor=actor)
-        return dead_letters.dismiss(conn, payment_id, actor=actor, note=note)
-
-
-def _attempt(conn, name: str, payment_id: uuid.UUID, **kwargs) -> tuple[bool, str]:
-    """(done, what to tell the operator)."""
-    try:
-        result = _do(conn, name, payment_id, **kwargs)
-    except (DeadLetterActionRefused, NotFound) as refused:
-        return False, f"{payment_id}: refused: {refused}"
-    except GatewayRequestRefused as refused:
-        return False, (
-            f"{payment_id}: the processor refused the request ({refused}); this is not an "
-            "outage and trying again will not help: report it"
-        )
-    except GatewayError as failed:
-        return False, f"{payment_id}: the gateway could not be asked ({failed}); try again"
-    detail = f" ({result.detail})" if result.detail else ""
-    return True, f"{payment_id}: {result.action}{detail}"
+def _attempt(
+    conn, name: str, payment_id: uuid.UUID, *, note: str | None = None
+) -> tuple[bool, str]:
+    """(done, what to tell the operator): the engine's own action, the very
+    code every payment of a bulk action goes through; audited as a log line
+    and as a row of the console's audit page."""
+    done, message = console_bulk.attempt(
+        conn,
+        current_app.extensions["paycron.gateway"],
+        name,
+        payment_id,
+        actor=g.operator.actor,
+        note=note,
+        audited=lambda: audited(
+            f"dead_letter.{name}", target=payment_id, channel="console", reason=note
+        ),
+    )
+    console_bulk.audit_row(
+        conn,
+        f"dead_letter.{name}",
+        "success" if done else "refused",
+        actor=g.operator.actor,
+        key_id=g.operator.key_id,
+        target=f"payment {payment_id}",
+        reason=note if done else message.removeprefix(f"{payment_id}: "),
+        payments=1,
+        log_line=False,
+    )
+    return done, message
 
 
 @bp.get("/dead-letters/<payment_id>/<name>")

@@ -7,6 +7,7 @@ for screen readers and for copying.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 #: The drawing area inside each picture's viewBox (axis labels outside it).
@@ -37,7 +38,7 @@ class Lines:
     minutes: int
 
 
-def nice_top(value: int) -> int:
+def nice_top(value: float) -> int:
     """The smallest of 1, 2, 5 x 10^n at least ``value``: an axis that reads well."""
     top = 1
     while top < value:
@@ -74,7 +75,7 @@ def histogram(counts: list[int], labels: list[str]) -> Bars:
     return Bars(bars, top)
 
 
-def lines(series: dict[str, list[int]]) -> Lines:
+def lines(series: Mapping[str, Sequence[float]]) -> Lines:
     minutes = max((len(values) for values in series.values()), default=0)
     top = nice_top(max((max(values, default=0) for values in series.values()), default=0))
     step = WIDTH / max(1, minutes - 1)

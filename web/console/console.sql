@@ -31,17 +31,17 @@ WHERE id >= %(id_from)s AND id < %(id_to)s
   AND due_at >= %(since)s AND due_at < %(until)s
 GROUP BY 1;
 
--- name: payments_of_day
--- A stretch of one due day in due order (ids sort by due time), from after
--- %(after)s: at most %(scan)s rows are read, and the matches among them
--- (all of them without a status) returned, at most %(limit)s. With the
--- count read and the last id read, so the next page starts where this
--- stretch ended even when nothing in it matched.
+-- name: payments_due
+-- A stretch of due time [%(due_from)s, %(due_to)s) in due order (ids sort
+-- by due time), from after %(after)s: at most %(scan)s rows are read, and
+-- the matches among them returned, at most %(limit)s. Each filter is NULL
+-- for any. With the count read and the last id read, so the next page
+-- starts where this stretch ended even when nothing in it matched.
 WITH scanned AS (
     SELECT id, due_at, payer, payee, amount_minor, currency, status, failure_reason,
-           in_doubt, attempt, updated_at
+           in_doubt, attempt, updated_at, processor
     FROM payments
-    WHERE due_at >= %(day_from)s AND due_at < %(day_to)s AND id > %(after)s
+    WHERE due_at >= %(due_from)s AND due_at < %(due_to)s AND id > %(after)s
     ORDER BY id
     LIMIT %(scan)s
 )
@@ -50,7 +50,10 @@ FROM (SELECT count(*) AS n, (SELECT id FROM scanned ORDER BY id DESC LIMIT 1) AS
       FROM scanned) edge
 LEFT JOIN LATERAL (
     SELECT * FROM scanned
-    WHERE %(status)s::text IS NULL OR status = %(status)s
+    WHERE (%(status)s::text IS NULL OR status = %(status)s)
+      AND (%(failure_reason)s::text IS NULL OR failure_reason = %(failure_reason)s)
+      AND (%(in_doubt)s::boolean IS NULL OR in_doubt = %(in_doubt)s)
+      AND (%(processor)s::text IS NULL OR processor = %(processor)s)
     ORDER BY id
     LIMIT %(limit)s
 ) s ON true
@@ -60,7 +63,7 @@ ORDER BY s.id;
 -- The payments of a page of (id, due_at) keys, whoever their payer, pruned
 -- to the partitions of their due times.
 SELECT id, due_at, payer, payee, amount_minor, currency, status, failure_reason, in_doubt,
-       attempt, updated_at
+       attempt, updated_at, processor
 FROM payments
 WHERE id = ANY(%(ids)s::uuid[]) AND due_at = ANY(%(due_ats)s::timestamptz[]);
 
@@ -77,12 +80,33 @@ SELECT gateway_refund_id, charge_id, amount_minor, requested_by, created_at
 FROM refunds WHERE payment_id = %(id)s;
 
 -- name: open_letters_page
--- Open dead letters, oldest first, keyset-paged on (created_at, id) after
--- the last one seen (dead_letters_open_age_idx).
+-- Open dead letters parked before %(before)s, oldest first, keyset-paged on
+-- (created_at, id) after the last one seen (dead_letters_open_age_idx).
 SELECT id, payment_id, due_at, payer, reason, last_error, created_at
 FROM dead_letters
-WHERE resolution IS NULL AND (created_at, id) > (%(after_created_at)s, %(after_id)s)
+WHERE resolution IS NULL AND created_at < %(before)s
+  AND (created_at, id) > (%(after_created_at)s, %(after_id)s)
 ORDER BY created_at, id
+LIMIT %(limit)s;
+
+-- name: open_letters_of_payer
+-- The same, of one payer, of one reason or any (dead_letters_open_payer_idx).
+SELECT id, payment_id, due_at, payer, reason, last_error, created_at
+FROM dead_letters
+WHERE resolution IS NULL AND payer = %(payer)s
+  AND (%(reason)s::text IS NULL OR reason = %(reason)s)
+  AND created_at < %(before)s
+  AND (created_at, id) > (%(after_created_at)s, %(after_id)s)
+ORDER BY payer, created_at, id  -- one payer: the index's own order, no sort
+LIMIT %(limit)s;
+
+-- name: open_letters_of_reason
+-- The same, of one reason, any payer (dead_letters_open_reason_idx).
+SELECT id, payment_id, due_at, payer, reason, last_error, created_at
+FROM dead_letters
+WHERE resolution IS NULL AND reason = %(reason)s AND created_at < %(before)s
+  AND (created_at, id) > (%(after_created_at)s, %(after_id)s)
+ORDER BY reason, created_at, id  -- one reason: the index's own order, no sort
 LIMIT %(limit)s;
 
 -- name: awaiting_gateway
@@ -110,10 +134,14 @@ ORDER BY p.due_at, p.id
 LIMIT %(limit)s;
 
 -- name: reconciliation_runs_page
--- Reconciliation runs, newest first, keyset-paged on id (its primary key).
+-- Reconciliation runs, newest first, keyset-paged on id (its primary key);
+-- of days before %(day_before)s and only those with mismatches when asked
+-- (a run a day: the filters read what they skip, a few rows a month).
 SELECT id, day, started_at, finished_at, charges_seen, repaired, deferred, mismatches, source
 FROM reconciliation_runs
 WHERE id < %(before_id)s
+  AND (%(day_before)s::date IS NULL OR day < %(day_before)s)
+  AND (NOT %(mismatches_only)s OR mismatches > 0)
 ORDER BY id DESC
 LIMIT %(limit)s;
 

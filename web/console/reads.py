@@ -150,19 +150,44 @@ def payments_of_payer(
 
 
 def payments_of_day(conn: Connection, *, day: date, status: str | None, cursor: str | None) -> Page:
-    """One due day's payments in due order, matches among at most
-    ``DAY_SCAN`` rows read (all rows read, without a status)."""
+    """One due day's payments in due order (see :func:`payments_due`)."""
+    return payments_due(
+        conn,
+        due_from=day_start(day),
+        due_to=day_start(day + timedelta(days=1)),
+        status=status,
+        cursor=cursor,
+    )
+
+
+def payments_due(
+    conn: Connection,
+    *,
+    due_from: datetime,
+    due_to: datetime,
+    status: str | None = None,
+    failure_reason: str | None = None,
+    in_doubt: bool | None = None,
+    processor: str | None = None,
+    cursor: str | None = None,
+) -> Page:
+    """Payments due in [due_from, due_to) in due order, matches among at
+    most ``DAY_SCAN`` rows read (all rows read, without a filter)."""
     after = uuid.UUID(cursor) if cursor else _START_ID
-    scan = DAY_SCAN if status else PAGE
+    filtered = any(v is not None for v in (status, failure_reason, in_doubt, processor))
+    scan = DAY_SCAN if filtered else PAGE
     rows = conn.execute(
-        QUERIES["payments_of_day"],
+        QUERIES["payments_due"],
         {
-            "day_from": day_start(day),
-            "day_to": day_start(day + timedelta(days=1)),
+            "due_from": due_from,
+            "due_to": due_to,
             "after": after,
             "scan": scan,
             "limit": PAGE,
             "status": status,
+            "failure_reason": failure_reason,
+            "in_doubt": in_doubt,
+            "processor": processor,
         },
     ).fetchall()
     scanned, last_read = rows[0]["scanned"], rows[0]["last_id"]
@@ -170,10 +195,10 @@ def payments_of_day(conn: Connection, *, day: date, status: str | None, cursor: 
     if len(found) == PAGE and found[-1]["id"] != last_read:
         next_cursor = str(found[-1]["id"])  # more matched than fit: go on from the last shown
     elif scanned == scan:
-        next_cursor = str(last_read)  # the day goes on past what was read
+        next_cursor = str(last_read)  # the range goes on past what was read
     else:
         next_cursor = None
-    return Page(found, next_cursor, scanned if status else None)
+    return Page(found, next_cursor, scanned if filtered else None)
 
 
 def payment_detail(conn: Connection, payment_id: uuid.UUID) -> dict | None:
@@ -210,18 +235,42 @@ def _aware(text: str) -> datetime:
     return value
 
 
-def open_letters(conn: Connection, *, cursor: str | None, limit: int = PAGE) -> Page:
-    """A page of open dead letters, oldest first, each with its payment."""
+def _letters_query(*, payer: str | None, reason: str | None) -> str:
+    """The open-letter query that rides the index of the filter given."""
+    if payer is not None:
+        return "open_letters_of_payer"
+    if reason is not None:
+        return "open_letters_of_reason"
+    return "open_letters_page"
+
+
+def open_letters(
+    conn: Connection,
+    *,
+    cursor: str | None,
+    limit: int = PAGE,
+    reason: str | None = None,
+    payer: str | None = None,
+    before: datetime | None = None,
+    processor: str | None = None,
+) -> Page:
+    """A page of open dead letters, oldest first, each with its payment.
+    By ``reason``, ``payer`` and parked ``before`` in the query (each rides
+    an index: docs/console.md); by ``processor`` (the payment's) among the
+    page read, so a page so filtered may be short: follow its cursor."""
     after_created_at, after_id = "-infinity", 0
     if cursor:
         created_at, _, letter_id = cursor.partition("_")
         after_created_at, after_id = _aware(created_at), _id(letter_id)
     letters = conn.execute(
-        QUERIES["open_letters_page"],
+        QUERIES[_letters_query(payer=payer, reason=reason)],
         {
             "after_created_at": after_created_at,
             "after_id": after_id,
             "limit": limit + 1,
+            "payer": payer,
+            "reason": reason,
+            "before": before or "infinity",
         },
     ).fetchall()
     more, letters = len(letters) > limit, letters[:limit]
@@ -240,6 +289,8 @@ def open_letters(conn: Connection, *, cursor: str | None, limit: int = PAGE) -> 
         else {}
     )
     rows = [{**letter, "payment": found.get(letter["payment_id"])} for letter in letters]
+    if processor is not None:
+        rows = [r for r in rows if r["payment"] and r["payment"]["processor"] == processor]
     last = letters[-1] if letters else None
     return Page(rows, f"{last['created_at'].isoformat()}_{last['id']}" if more else None)
 
@@ -252,10 +303,22 @@ def waiting(conn: Connection, name: str, *, now: datetime, limit: int = PAGE) ->
 # -- reconciliation and webhooks ------------------------------------------------
 
 
-def reconciliation_runs(conn: Connection, *, cursor: str | None) -> Page:
+def reconciliation_runs(
+    conn: Connection,
+    *,
+    cursor: str | None,
+    day_before: date | None = None,
+    mismatches_only: bool = False,
+) -> Page:
     before = _id(cursor) if cursor else _BIGINT_MAX
     rows = conn.execute(
-        QUERIES["reconciliation_runs_page"], {"before_id": before, "limit": PAGE + 1}
+        QUERIES["reconciliation_runs_page"],
+        {
+            "before_id": before,
+            "limit": PAGE + 1,
+            "day_before": day_before,
+            "mismatches_only": mismatches_only,
+        },
     ).fetchall()
     more, rows = len(rows) > PAGE, rows[:PAGE]
     return Page(rows, str(rows[-1]["id"]) if more else None)

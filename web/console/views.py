@@ -3,16 +3,18 @@ reconciliation, webhooks. Every page but sign-in needs a session."""
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import timedelta
 
 from flask import current_app, flash, g, redirect, render_template, request, session, url_for
 from psycopg.errors import DataError
 
+from paycron.config import PROCESSORS
 from paycron.domain.enums import Status
 from paycron.domain.ids import parse_payment_id
 from paycron.store import apikeys
+from paycron.store.partitions import day_start
 from web.audit import audit
-from web.console import bp, charts, page_cursor, reads
+from web.console import bp, charts, filters, page_cursor, reads
 from web.console.session import ConsoleRefused, check_csrf, current_operator
 from web.console.session import sign_in as start_session
 from web.console.session import sign_out as end_session
@@ -186,34 +188,68 @@ def _bad(message: str):
 
 @bp.get("/payments")
 def payments():
-    args = request.args
-    query = {name: args.get(name, "").strip() for name in ("id", "payer", "status", "day")}
-    status = query["status"] or None
-    if status is not None and status not in statuses():
-        _bad(f"No such status: {status}.")
-    if query["id"]:
-        payment_id = parse_payment_id(query["id"].lower())
+    payment_id_text = request.args.get("id", "").strip()
+    if payment_id_text:
+        payment_id = parse_payment_id(payment_id_text.lower())
         if payment_id is None:
             _bad("That is not a payment id (a UUIDv7 such as 0193…).")
         return redirect(url_for("console.payment", payment_id=payment_id))
-    page, day = None, None
+    chosen = filters.PaymentFilter.from_args(request.args, statuses=statuses())
+    page = None
     try:
         with _pool().connection() as conn:
-            if query["payer"]:
-                page = reads.payments_of_payer(
-                    conn, payer=query["payer"], status=status, cursor=page_cursor()
-                )
-            elif status or query["day"]:
-                day = date.fromisoformat(query["day"]) if query["day"] else _now().date()
-                query["day"] = day.isoformat()
-                page = reads.payments_of_day(conn, day=day, status=status, cursor=page_cursor())
+            page = _payments_page(conn, chosen)
     except ValueError:
-        _bad("A bad day (use YYYY-MM-DD) or page cursor.")
+        _bad("A bad page cursor.")
     if page is not None:
-        shown = {k: v for k, v in query.items() if v and k != "id"}
-        _read("payments " + " ".join(f"{k}={v}" for k, v in shown.items()))
+        _read(" ".join(["payments", chosen.describe()]).strip())
     return render_template(
-        "console/payments.html", query=query, page=page, statuses=statuses(), scan=reads.DAY_SCAN
+        "console/payments.html",
+        query=chosen,
+        page=page,
+        statuses=statuses(),
+        scan=reads.DAY_SCAN,
+        processors=PROCESSORS,
+        failure_reasons=filters.FAILURE_REASONS,
+    )
+
+
+def _payments_page(conn, chosen: filters.PaymentFilter):
+    """A payer's payments (the API's own list, newest first), else a due
+    range's (today's when none is given) in due order."""
+    due_from, due_to = chosen.due_range()
+    if chosen.payer:
+        page = reads.payments_of_payer(
+            conn, payer=chosen.payer, status=chosen.status, cursor=page_cursor()
+        )
+        kept = [
+            row
+            for row in page.rows
+            if (due_from is None or row["due_at"] >= due_from)
+            and (due_to is None or row["due_at"] < due_to)
+            and (chosen.failure_reason is None or row["failure_reason"] == chosen.failure_reason)
+            and (chosen.doubt is None or row["in_doubt"] == chosen.doubt)
+            and (chosen.processor is None or row.get("processor") == chosen.processor)
+        ]
+        return reads.Page(kept, page.next_cursor)
+    if not chosen.active:
+        return None
+    if due_from is None and due_to is None:
+        due_from = day_start(_now().date())
+    if due_from is None:
+        assert due_to is not None
+        due_from = due_to - timedelta(days=1)
+    if due_to is None:
+        due_to = due_from + timedelta(days=1)
+    return reads.payments_due(
+        conn,
+        due_from=due_from,
+        due_to=due_to,
+        status=chosen.status,
+        failure_reason=chosen.failure_reason,
+        in_doubt=chosen.doubt,
+        processor=chosen.processor,
+        cursor=page_cursor(),
     )
 
 
@@ -233,28 +269,49 @@ def payment(payment_id: str):
 @bp.get("/dead-letters")
 def dead_letters():
     now = _now()
+    chosen = filters.LetterFilter.from_args(request.args)
     try:
         with _pool().connection() as conn:
-            letters = reads.open_letters(conn, cursor=page_cursor())
+            letters = reads.open_letters(
+                conn,
+                cursor=page_cursor(),
+                reason=chosen.reason,
+                payer=chosen.payer,
+                before=chosen.before,
+                processor=chosen.processor,
+            )
             in_doubt = reads.waiting(conn, "parked_in_doubt", now=now)
             awaiting = reads.waiting(conn, "awaiting_gateway", now=now)
     except ValueError:
         _bad("A bad page cursor.")
-    _read("dead letters")
+    _read(" ".join(["dead letters", chosen.describe()]).strip())
     return render_template(
-        "console/dead_letters.html", letters=letters, in_doubt=in_doubt, awaiting=awaiting, now=now
+        "console/dead_letters.html",
+        letters=letters,
+        in_doubt=in_doubt,
+        awaiting=awaiting,
+        now=now,
+        query=chosen,
+        reasons=filters.LETTER_REASONS,
+        processors=PROCESSORS,
     )
 
 
 @bp.get("/reconciliation")
 def reconciliation():
+    chosen = filters.RunFilter.from_args(request.args)
     try:
         with _pool().connection() as conn:
-            runs = reads.reconciliation_runs(conn, cursor=page_cursor())
+            runs = reads.reconciliation_runs(
+                conn,
+                cursor=page_cursor(),
+                day_before=chosen.day,
+                mismatches_only=chosen.mismatches == "only",
+            )
     except ValueError:
         _bad("A bad page cursor.")
     _read("reconciliation runs")
-    return render_template("console/reconciliation.html", runs=runs)
+    return render_template("console/reconciliation.html", runs=runs, query=chosen)
 
 
 @bp.get("/reconciliation/<int:run_id>")

@@ -105,11 +105,12 @@ LIMIT %(limit)s;
 -- moved past the event if the lease still holds. No row back: lease lost.
 WITH delivery AS (
     INSERT INTO webhook_deliveries AS d
-        (endpoint_id, event_id, attempts, last_status, delivered_at)
-    VALUES (%(endpoint_id)s, %(event_id)s, 1, %(status)s, now())
+        (endpoint_id, event_id, attempts, last_status, delivered_at, last_latency_ms)
+    VALUES (%(endpoint_id)s, %(event_id)s, 1, %(status)s, now(), %(latency_ms)s)
     ON CONFLICT (endpoint_id, event_id) DO UPDATE
     SET attempts = d.attempts + 1, last_status = excluded.last_status, last_error = NULL,
-        last_attempt_at = now(), delivered_at = coalesce(d.delivered_at, now())
+        last_attempt_at = now(), delivered_at = coalesce(d.delivered_at, now()),
+        last_latency_ms = excluded.last_latency_ms
 )
 UPDATE webhook_endpoints
 SET cursor_txid = %(txid)s::xid8, cursor_event_id = %(event_id)s
@@ -121,11 +122,12 @@ RETURNING deleted_at IS NULL AS live;
 -- its lease is released; the same event heads the stream next time.
 WITH delivery AS (
     INSERT INTO webhook_deliveries AS d
-        (endpoint_id, event_id, attempts, last_status, last_error)
-    VALUES (%(endpoint_id)s, %(event_id)s, 1, %(status)s, %(error)s)
+        (endpoint_id, event_id, attempts, last_status, last_error, last_latency_ms)
+    VALUES (%(endpoint_id)s, %(event_id)s, 1, %(status)s, %(error)s, %(latency_ms)s)
     ON CONFLICT (endpoint_id, event_id) DO UPDATE
     SET attempts = d.attempts + 1, last_status = excluded.last_status,
-        last_error = excluded.last_error, last_attempt_at = now()
+        last_error = excluded.last_error, last_attempt_at = now(),
+        last_latency_ms = excluded.last_latency_ms
 )
 UPDATE webhook_endpoints
 SET next_attempt_at = now() + make_interval(secs => %(delay)s),
@@ -138,3 +140,39 @@ WHERE id = %(endpoint_id)s AND lease_owner = %(lease_owner)s;
 UPDATE webhook_endpoints
 SET lease_until = NULL, lease_owner = NULL, next_attempt_at = now()
 WHERE id = %(endpoint_id)s AND lease_owner = %(lease_owner)s;
+
+-- name: webhook_claim_replays
+-- Lease up to %(limit)s of the replays operators asked for, oldest first
+-- (webhook_replays_waiting_idx), each with its endpoint's URL and secret
+-- and its event as the stream would send it (no event: pruned from the
+-- outbox; the endpoint deleted: live is false). A replay whose lease ran
+-- out (its relay died mid-send) is claimed again.
+WITH due AS (
+    SELECT r.id, r.endpoint_id, r.event_id FROM webhook_replays r
+    WHERE r.done_at IS NULL AND (r.lease_until IS NULL OR r.lease_until < now())
+    ORDER BY r.requested_at, r.id
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED
+), found AS (
+    SELECT due.id, w.url, w.secret, w.deleted_at IS NULL AS live,
+           e.id AS event_id, e.txid::text AS txid, e.payment_id, e.type, e.status, e.attempt,
+           e.data, e.created_at
+    FROM due
+    JOIN webhook_endpoints w ON w.id = due.endpoint_id
+    LEFT JOIN payment_events e ON e.id = due.event_id AND e.payer = w.actor
+)
+UPDATE webhook_replays r
+SET lease_until = now() + make_interval(secs => %(lease_seconds)s)
+FROM found
+WHERE r.id = found.id
+RETURNING r.id, r.endpoint_id, found.url, found.secret, found.live, found.event_id,
+          found.txid, found.payment_id, found.type, found.status, found.attempt, found.data,
+          found.created_at;
+
+-- name: webhook_record_replay
+-- A replay's answer (or its absence): done, once (a second relay that sent
+-- it after a lost lease records nothing over the first).
+UPDATE webhook_replays
+SET done_at = now(), lease_until = NULL, status = %(status)s, error = %(error)s,
+    latency_ms = %(latency_ms)s
+WHERE id = %(id)s AND done_at IS NULL;
