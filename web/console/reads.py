@@ -135,10 +135,17 @@ class Page:
 
 
 def payments_of_payer(
-    conn: Connection, *, payer: str, status: str | None, cursor: str | None, limit: int = PAGE
+    conn: Connection,
+    *,
+    payer: str,
+    status: str | None,
+    cursor: str | None,
+    limit: int | None = None,
 ) -> Page:
-    """A payer's payments, newest first: the API's own list (it rides
-    ``idempotency_keys_list_idx``, a status filter reads a bounded stretch)."""
+    """A payer's payments, newest first, ``limit`` (a :data:`PAGE`) at most:
+    the API's own list (it rides ``idempotency_keys_list_idx``, a status
+    filter reads a bounded stretch)."""
+    limit = limit or PAGE
     after = None
     if cursor:
         created_at, _, payment_id = cursor.partition("_")
@@ -170,11 +177,12 @@ def payments_due(
     in_doubt: bool | None = None,
     processor: str | None = None,
     cursor: str | None = None,
-    limit: int = PAGE,
+    limit: int | None = None,
 ) -> Page:
-    """Payments due in [due_from, due_to) in due order, at most ``limit``:
-    the matches among at most ``DAY_SCAN`` rows read (``limit`` rows, when
-    that is more; all rows read, without a filter)."""
+    """Payments due in [due_from, due_to) in due order, at most ``limit`` (a
+    :data:`PAGE`): the matches among at most ``DAY_SCAN`` rows read
+    (``limit`` rows, when that is more; all rows read, without a filter)."""
+    limit = limit or PAGE
     after = uuid.UUID(cursor) if cursor else _START_ID
     filtered = any(v is not None for v in (status, failure_reason, in_doubt, processor))
     scan = max(DAY_SCAN, limit) if filtered else limit

@@ -220,14 +220,14 @@ def payments_page(
     *,
     today: date,
     cursor: str | None,
-    limit: int = reads.PAGE,
+    limit: int | None = None,
 ) -> reads.Page | None:
-    """A page of what ``chosen`` matches, from ``cursor`` (None: the start):
-    a payer's payments (the API's own list, newest first), else a due
-    range's (``today``'s when none is given) in due order; None when
-    nothing is chosen. The payments list and its CSV export both read
-    through here, so an export holds what the list shows. A bad cursor is
-    a ValueError."""
+    """A page (``limit`` rows, a list's page when None) of what ``chosen``
+    matches, from ``cursor`` (None: the start): a payer's payments (the
+    API's own list, newest first), else a due range's (``today``'s when
+    none is given) in due order; None when nothing is chosen. The payments
+    list and its CSV export both read through here, so an export holds what
+    the list shows. A bad cursor is a ValueError."""
     due_from, due_to = chosen.due_range()
     if chosen.payer:
         page = reads.payments_of_payer(
