@@ -7,10 +7,14 @@ transaction of its own.
     python -m bench.create_customer --requests 200
 
 Times ``POST /v1/scheduled-payments`` through the Flask test client of one
-app per processor, alternating three kinds after a warm-up: no customer (to
+app per processor, alternating five kinds after a warm-up: no customer (to
 the GATEWAY=fake app), a customer the payer already uses and a new customer
-each time (to the GATEWAY=stripe app; no call reaches Stripe). Prints each
-kind's median and p95 in milliseconds.
+each time (to a GATEWAY=stripe app with PAYMENT_METHOD_CHECK=false: no call
+reaches Stripe), and with the check on (docs/customers.md), against the fake
+processor's Stripe surface started in its own process: a (customer, method)
+pair asked before (its verdict kept) and a new pair each time (one
+``GET /v1/payment_methods/{id}`` through the SDK, and a new customer bound).
+Prints each kind's median and p95 in milliseconds.
 """
 
 from __future__ import annotations
@@ -21,8 +25,12 @@ import statistics
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from tempfile import mkdtemp
 
 from bench.harness import REDIS_URL, parse_args, private_database
+from devtools.fake_gateway import STRIPE_API_KEY
+from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
 from paycron.config import Config
 from paycron.store import apikeys
 from paycron.store.db import connect
@@ -33,6 +41,20 @@ WARMUP = 20
 
 
 def run(requests: int) -> None:
+    port = free_port()
+    procs = ProcessGroup(Path(mkdtemp(prefix="paycron-bench-customer-")), {})
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", procs.start("gateway", gateway_args(port)))
+        times = _measure(requests, f"http://127.0.0.1:{port}/stripe")
+    finally:
+        procs.stop()
+    print(f"{requests} creates of each kind, one payer, through the test client")
+    for kind, samples in times.items():
+        p95 = statistics.quantiles(samples, n=20)[-1]
+        print(f"  {kind:<22} median {statistics.median(samples):6.2f} ms  p95 {p95:6.2f} ms")
+
+
+def _measure(requests: int, stripe_base: str) -> dict[str, list[float]]:
     from web import create_app
 
     with private_database("paycron_bench_customer") as url:
@@ -50,7 +72,14 @@ def run(requests: int) -> None:
         apps = {
             "fake": create_app(base),
             "stripe": create_app(
-                base.with_overrides(gateway="stripe", stripe_api_key="sk_test_bench")
+                base.with_overrides(
+                    gateway="stripe", stripe_api_key="sk_test_bench", payment_method_check=False
+                )
+            ),
+            "checked": create_app(
+                base.with_overrides(
+                    gateway="stripe", stripe_api_key=STRIPE_API_KEY, stripe_api_base=stripe_base
+                )
             ),
         }
         try:
@@ -60,10 +89,13 @@ def run(requests: int) -> None:
 
             def create(kind: str) -> float:
                 body = {"payee": "shop", "amount": 2500, "dueAt": due}
-                client = clients["fake" if kind == "no customer" else "stripe"]
+                app = "fake" if kind == "no customer" else "stripe"
+                client = clients["checked" if kind.startswith("checked") else app]
                 if kind != "no customer":
                     customer = (
-                        "cus_bench" if kind == "customer in use" else f"cus_{uuid.uuid4().hex}"
+                        "cus_bench"
+                        if kind in ("customer in use", "checked, pair seen")
+                        else f"cus_{uuid.uuid4().hex}"
                     )
                     body.update(paymentMethod="pm_card_visa", customer=customer)
                 started = time.perf_counter()
@@ -76,7 +108,13 @@ def run(requests: int) -> None:
                 assert response.status_code == 201, response.get_data(as_text=True)
                 return elapsed
 
-            kinds = ("no customer", "customer in use", "new customer")
+            kinds = (
+                "no customer",
+                "customer in use",
+                "new customer",
+                "checked, pair seen",
+                "checked, new pair",
+            )
             for kind in kinds:
                 for _ in range(WARMUP):
                     create(kind)
@@ -87,10 +125,7 @@ def run(requests: int) -> None:
         finally:
             for app in apps.values():
                 app.extensions["paycron.pool"].close()
-    print(f"{requests} creates of each kind, one payer, through the test client")
-    for kind, samples in times.items():
-        p95 = statistics.quantiles(samples, n=20)[-1]
-        print(f"  {kind:<16} median {statistics.median(samples):6.2f} ms  p95 {p95:6.2f} ms")
+    return times
 
 
 def main() -> None:

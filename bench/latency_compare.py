@@ -26,6 +26,11 @@ Target: paycron >= 1.5 x pgqueuer.
 
     python -m bench.latency_compare [--payments 6000] [--latency-ms 300]
         [--warmup 200] [--pgq-max-tasks 200] [--pgq-batch 10] [--rounds 1]
+        [--executors threads,asyncio]
+
+``--executors threads,asyncio`` runs paycron once per EXECUTOR setting in
+each round, side by side (docs/performance.md); ``--latency-ms 0`` is an
+instant processor.
 """
 
 from __future__ import annotations
@@ -142,19 +147,30 @@ def run_worker(batch: int, max_tasks: int) -> None:
 # The driver
 
 
+def faults(median_ms: int) -> dict:
+    """The processor's latency; 0: it answers at once."""
+    return latency_faults(median_ms) if median_ms else {}
+
+
 def run_paycron(
-    database_url: str, n: int, median_ms: int, *, warmup: int, lead_seconds: float = 8.0
+    database_url: str,
+    n: int,
+    median_ms: int,
+    *,
+    warmup: int,
+    lead_seconds: float = 8.0,
+    executor: str = "threads",
 ) -> dict:
-    """The Procfile as shipped, only GATEWAY_RATE_LIMIT set (out of the way);
-    ``warmup`` payments first (untimed), then ``n`` due at one second."""
+    """The Procfile as shipped, only GATEWAY_RATE_LIMIT set (out of the way)
+    and EXECUTOR; ``warmup`` payments first (untimed), then ``n`` due at one second."""
     system = System(
         database_url,
-        {"GATEWAY_RATE_LIMIT": str(UNCAPPED_RATE_LIMIT)},
+        {"GATEWAY_RATE_LIMIT": str(UNCAPPED_RATE_LIMIT), "EXECUTOR": executor},
         worker_processes=None,
         worker_threads=None,
     )  # the Procfile's
     try:
-        system.start_gateway(**latency_faults(median_ms))
+        system.start_gateway(**faults(median_ms))
         system.start_engine()
         with connect(system.config()) as conn:
             if warmup:
@@ -211,7 +227,7 @@ def run_pgqueuer_async(
         n,
         worker_args=worker,
         processes=1,
-        faults=latency_faults(median_ms),
+        faults=faults(median_ms),
         warmup=warmup,
         tick=0.1,
     )
@@ -263,6 +279,12 @@ def main() -> None:
     parser.add_argument(
         "--lead-seconds", type=float, default=8.0, help="how far ahead the timed rows are written"
     )
+    parser.add_argument(
+        "--executors",
+        default="threads",
+        help="paycron's EXECUTOR settings to run, comma-separated, each round in this order "
+        "(threads,asyncio: both side by side)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parse_args(
         parser, payments=60, warmup=10, latency_ms=20, rounds=1, max_load=1e9, lead_seconds=3.0
@@ -285,44 +307,60 @@ def main() -> None:
         f"  pgqueuer: {version('pgqueuer')}, async job (aiohttp {version('aiohttp')} + "
         f"asyncpg pool), {args.pgq_max_tasks} tasks, batch {args.pgq_batch}, one process"
     )
-    rates: dict[str, list[float]] = {"paycron": [], "pgqueuer": []}
+    executors = [e.strip() for e in args.executors.split(",") if e.strip()]
+    rates: dict[str, list[float]] = {"pgqueuer": [], **{e: [] for e in executors}}
+    cpu: dict[str, list[float]] = {"pgqueuer": [], **{e: [] for e in executors}}
     for i in range(args.rounds):
         print(f"round {i + 1}")
-        load = quiet_load(args.max_load)
-        with private_database() as url:
-            engine = run_paycron(url, n, median, warmup=warmup, lead_seconds=args.lead_seconds)
-        flight = engine["in_flight"]
-        report(
-            "paycron",
-            engine,
-            n,
-            load,
-            f"calls in flight max {flight['max']}, mean {flight['mean']:.0f}; lease "
-            f"expirations {engine['lease_expired']}",
-        )
+        engines = {}
+        for executor in executors:
+            load = quiet_load(args.max_load)
+            with private_database() as url:
+                engine = run_paycron(
+                    url,
+                    n,
+                    median,
+                    warmup=warmup,
+                    lead_seconds=args.lead_seconds,
+                    executor=executor,
+                )
+            flight = engine["in_flight"]
+            report(
+                f"paycron {executor}",
+                engine,
+                n,
+                load,
+                f"calls in flight max {flight['max']}, mean {flight['mean']:.0f}; lease "
+                f"expirations {engine['lease_expired']}",
+            )
+            engines[executor] = engine
+            rates[executor].append(engine["per_second"])
+            cpu[executor].append(1000 * engine["cpu"] / n)
         load = quiet_load(args.max_load)
         with private_database() as url:
             pgq = run_pgqueuer_async(
                 url, n, median, warmup=warmup, batch=args.pgq_batch, max_tasks=args.pgq_max_tasks
             )
         report("pgqueuer (async)", pgq, n, load, f"enqueue {pgq['enqueue_seconds']:.2f} s, untimed")
-        engine_total = engine["cpu"] + engine["postgres_cpu"]
-        pgq_total = pgq["cpu"] + pgq["postgres_cpu"]
-        print(
-            f"  ratio paycron / pgqueuer: {engine['per_second'] / pgq['per_second']:.2f} "
-            f"due -> terminal, {engine['sustained'] / pgq['sustained']:.2f} sustained "
-            f"(target >= 1.5); CPU per payment {engine['cpu'] / pgq['cpu']:.2f}x in the "
-            f"engine, {engine_total / pgq_total:.2f}x with Postgres"
-        )
-        rates["paycron"].append(engine["per_second"])
         rates["pgqueuer"].append(pgq["per_second"])
+        cpu["pgqueuer"].append(1000 * pgq["cpu"] / n)
+        pgq_total = pgq["cpu"] + pgq["postgres_cpu"]
+        for executor, engine in engines.items():
+            engine_total = engine["cpu"] + engine["postgres_cpu"]
+            print(
+                f"  ratio paycron / pgqueuer ({executor}): "
+                f"{engine['per_second'] / pgq['per_second']:.2f} due -> terminal, "
+                f"{engine['sustained'] / pgq['sustained']:.2f} sustained (target >= 1.5); "
+                f"CPU per payment {engine['cpu'] / pgq['cpu']:.2f}x in the engine, "
+                f"{engine_total / pgq_total:.2f}x with Postgres"
+            )
     if args.rounds > 1:
-        paycron = statistics.median(rates["paycron"])
-        pgq_rate = statistics.median(rates["pgqueuer"])
-        print(
-            f"median of {args.rounds} (due -> terminal): paycron {paycron:.0f}/s, pgqueuer "
-            f"{pgq_rate:.0f}/s, ratio {paycron / pgq_rate:.2f}"
-        )
+        print(f"median of {args.rounds} rounds:")
+        for name in rates:
+            print(
+                f"  {name:<16}: {statistics.median(rates[name]):5.0f} payments/s due -> "
+                f"terminal, engine CPU {statistics.median(cpu[name]):.2f} ms per payment"
+            )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from paycron.observability.audit import record as audit
 from paycron.observability.sentry import init_sentry
 from paycron.observability.startup import EXIT_CONFIG, report
 from paycron.processors.factory import build_processor
-from paycron.store import apikeys, partitions
+from paycron.store import apikeys, customers, partitions
 from paycron.store.db import connect, first_line, make_redis
 from paycron.store.migrate import migrate as apply_migrations
 
@@ -188,6 +188,93 @@ def api_key_revoke(prefix: str | None, key_id: int | None) -> None:
         f"checked it recently accept it for up to their API_KEY_CACHE_SECONDS more "
         f"({config.api_key_cache_seconds:g} s in this environment)"
     )
+
+
+_by_option = click.option(
+    "--by",
+    default=getpass.getuser,
+    show_default="your login",
+    help="The operator, recorded with the binding and in the audit log.",
+)
+
+
+@main.group("customer")
+def customer_group() -> None:
+    """Which processor customers each payer (an API key's actor) may charge
+    (docs/customers.md), at the processor GATEWAY names (set it as the web's
+    is: a binding at one processor says nothing at another)."""
+
+
+@customer_group.command("register")
+@click.argument("customer")
+@click.option("--actor", required=True, help="The payer that may charge the customer.")
+@_by_option
+def customer_register(customer: str, actor: str, by: str) -> None:
+    """Let ACTOR charge CUSTOMER (e.g. cus_...); idempotent for the same actor."""
+    _check_token(customer)
+    config = _config()
+    target = f"customer of {actor}"
+    with connect(config) as conn:
+        try:
+            done = customers.register(
+                conn, processor=config.gateway, customer=customer, actor=actor, by=by
+            )
+        except PaycronError as exc:
+            _audit_cli("customer.register", "refused", actor=by, target=target, reason=str(exc))
+            raise click.ClickException(f"{exc.code}: {exc}") from None
+    reason = "registered" if done.created else "already bound to this payer"
+    _audit_cli("customer.register", "success", actor=by, target=target, reason=reason)
+    click.echo(f"{_printable(customer)} -> {_printable(actor)} at {config.gateway}: {reason}")
+
+
+@customer_group.command("remove")
+@click.argument("customer")
+@_by_option
+def customer_remove(customer: str, by: str) -> None:
+    """End CUSTOMER's binding: no payer may name it until it is registered
+    again. Payments already scheduled naming it are not touched."""
+    _check_token(customer)
+    config = _config()
+    with connect(config) as conn:
+        removed = customers.remove(conn, processor=config.gateway, customer=customer)
+    if removed is None:
+        _audit_cli("customer.remove", "refused", actor=by, target="customer", reason="not bound")
+        click.echo(f"{_printable(customer)} is bound to no payer", err=True)
+        sys.exit(1)
+    _audit_cli("customer.remove", "success", actor=by, target=f"customer of {removed['actor']}")
+    click.echo(
+        f"{_printable(customer)} at {config.gateway} no longer bound to "
+        f"{_printable(removed['actor'])}"
+    )
+
+
+@customer_group.command("list")
+@click.option("--actor", default=None, help="Only this payer's customers.")
+def customer_list(actor: str | None) -> None:
+    """One line per binding: customer, payer, who registered it (- when a
+    payer's first create bound it), since when."""
+    config = _config()
+    after = 0
+    with connect(config) as conn:
+        while True:
+            rows, next_id = customers.list_bindings(
+                conn, processor=config.gateway, actor=actor, limit=1000, after=after
+            )
+            for row in rows:
+                click.echo(
+                    f"{_printable(row['customer'])}\t{_printable(row['actor'])}"
+                    f"\t{_printable(row['registered_by'] or '-')}"
+                    f"\t{row['created_at']:%Y-%m-%dT%H:%M:%SZ}"
+                )
+            if next_id is None:
+                break
+            after = next_id
+
+
+def _check_token(customer: str) -> None:
+    """A customer as the API takes one: 1-255 printable ASCII characters."""
+    if not 1 <= len(customer) <= 255 or not all(" " <= c <= "~" for c in customer):
+        raise click.BadParameter("a customer is 1-255 printable ASCII characters")
 
 
 def _payment_id(text: str) -> uuid.UUID:

@@ -82,6 +82,26 @@ def _processor(text: str) -> str:
     return text.lower()
 
 
+#: How a worker process runs its calls (docs/performance.md).
+EXECUTORS = ("threads", "asyncio")
+
+
+def _executor(text: str) -> str:
+    if text.lower() not in EXECUTORS:
+        raise ValueError(f"expected one of {', '.join(EXECUTORS)}")
+    return text.lower()
+
+
+#: How a processor customer comes to belong to an actor (docs/customers.md).
+CUSTOMER_BINDINGS = ("first_use", "registered")
+
+
+def _binding(text: str) -> str:
+    if text.lower() not in CUSTOMER_BINDINGS:
+        raise ValueError(f"expected one of {', '.join(CUSTOMER_BINDINGS)}")
+    return text.lower()
+
+
 def _networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
     """Comma-separated addresses or CIDR networks (``10.0.0.0/8, ::1``)."""
     return tuple(
@@ -116,6 +136,19 @@ class Config:
     stripe_api_version: str = setting(STRIPE_API_VERSION, str)
     #: Signing secrets of Stripe's events, comma-separated (rotation).
     stripe_webhook_secret: tuple[str, ...] = setting((), _secrets, secret=True)
+    #: Which processor customers an actor may name (docs/customers.md):
+    #: ``first_use``, the first actor to name an unregistered customer gets it
+    #: (registered ones stay their actor's); ``registered``, only customers an
+    #: admin registered to the actor (``paycron customer register``).
+    customer_binding: str = setting("first_use", _binding)
+    #: Ask the processor, at create, whose a payment method is, and refuse a
+    #: method attached to another customer (PAYMENT_METHOD_NOT_CUSTOMERS).
+    #: Only processors that can tell (Stripe) are asked.
+    payment_method_check: bool = setting(True, _flag)
+    #: The wall-clock bound of that check for one request (a batch's every
+    #: new pair included): past it the create answers 503
+    #: PROCESSOR_UNAVAILABLE and writes nothing.
+    payment_method_check_seconds: float = setting(5.0, parse_duration)
     #: How long the processor remembers an idempotency key (Stripe: 24 h).
     gateway_key_retention_seconds: float = setting(86400.0, parse_duration)
     #: The processor's own processing after we gave up on a call: a call can
@@ -198,6 +231,12 @@ class Config:
     #: is sized from the ceiling and the observed latency (paycron/engine/inflight.py).
     #: 256 covers a 200/s ceiling at 1 s with headroom in a single process.
     gateway_max_in_flight: int = setting(256, int)
+    #: How a worker process makes its calls: ``threads`` (a thread per call
+    #: in flight, blocking clients) or ``asyncio`` (one event loop per
+    #: process: Dramatiq's AsyncIO middleware, psycopg's async pool, aiohttp;
+    #: the fake processor's charges only, every other request on a thread).
+    #: Same statements, same guarantees (docs/performance.md).
+    executor: str = setting("threads", _executor)
     #: How long a web process trusts an API key it has authenticated: a
     #: revocation reaches every process within this time; 0 checks every request.
     api_key_cache_seconds: float = setting(10.0, parse_duration)
@@ -316,6 +355,8 @@ class Config:
                 "in-flight bound (LEASE_SECONDS + GATEWAY_TIMEOUT_SECONDS + "
                 "GATEWAY_SETTLE_MARGIN_SECONDS)"
             )
+        if self.payment_method_check_seconds <= 0:
+            raise ConfigError("PAYMENT_METHOD_CHECK_SECONDS must be > 0")
         if len(self.default_currency) != 3:
             raise ConfigError("DEFAULT_CURRENCY must be an ISO 4217 code")
 

@@ -34,17 +34,47 @@ class ValidationFailed(PaycronError):
 
 
 class CustomerNotYours(ValidationFailed):
-    """The create names a processor customer that another actor used first
-    (docs/design.md: each customer belongs to the first actor that names it).
+    """The create names a processor customer not bound to its actor
+    (docs/customers.md: registered to another, or bound by another's first
+    use, or with CUSTOMER_BINDING=registered not registered to this one).
     Refused per field like any bad body, under a code of its own; nothing
     is created, and the answer says nothing more about that customer."""
 
     code = "CUSTOMER_NOT_YOURS"
     MESSAGE = "customer belongs to another payer"
+    #: With CUSTOMER_BINDING=registered: the same answer whether the customer
+    #: is another payer's or nobody's, so it tells nothing about others.
+    NOT_REGISTERED = "customer is not registered to this payer (an admin registers it)"
+
+    def __init__(self, message: str = MESSAGE):
+        PaycronError.__init__(self, f"the {message}")
+        self.messages = {"customer": [message]}
+
+
+class PaymentMethodNotCustomers(ValidationFailed):
+    """The create names a payment method the processor holds for another
+    customer than the one it names, or none it knows (docs/customers.md).
+    Nothing is created."""
+
+    code = "PAYMENT_METHOD_NOT_CUSTOMERS"
+    MESSAGE = "paymentMethod is not a payment method of this customer at the processor"
 
     def __init__(self):
-        PaycronError.__init__(self, "the customer belongs to another payer")
-        self.messages = {"customer": [self.MESSAGE]}
+        PaycronError.__init__(self, "the payment method does not belong to the customer")
+        self.messages = {"paymentMethod": [self.MESSAGE]}
+
+
+class ProcessorUnavailable(PaycronError):
+    """A create needed the processor's answer (whose a payment method is) and
+    did not get it in time: nothing was created; the same request again is safe."""
+
+    code = "PROCESSOR_UNAVAILABLE"
+
+
+class CustomerBound(PaycronError):
+    """An admin registers a customer another actor holds: remove that binding first."""
+
+    code = "CUSTOMER_BOUND"
 
 
 class IdempotencyKeyReused(PaycronError):

@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 
 _BLOCK = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+_COMMENT_LINE = re.compile(r"^[ \t]*--.*\n?", re.MULTILINE)
 
 
 def parse_blocks(text: str) -> dict[str, str]:
@@ -20,7 +21,9 @@ def parse_blocks(text: str) -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in blocks:
             raise ValueError(f"duplicate SQL block {name!r}")
-        blocks[name] = body.strip().rstrip(";")
+        # Whole-line comments go: psycopg caches a statement's parsing only
+        # up to 4 KiB of text (finish_attempts was re-parsed on every call).
+        blocks[name] = _COMMENT_LINE.sub("", body).strip().rstrip(";")
     return blocks
 
 

@@ -12,6 +12,7 @@ import threading
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware.asyncio import AsyncIO
 
 from paycron.config import Config
 from paycron.observability.sentry import init_sentry
@@ -44,4 +45,7 @@ with one_line_errors("worker"):
 broker = (PromptRedisBroker if config.prompt_start else RedisBroker)(
     url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq"
 )
+if config.executor == "asyncio":
+    # One event loop per process runs the async actor (paycron/engine/aio.py).
+    broker.add_middleware(AsyncIO())
 dramatiq.set_broker(broker)

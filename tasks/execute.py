@@ -12,10 +12,9 @@ import dramatiq
 
 from paycron.engine.messages import EXECUTE_ACTOR, decode_claims
 from tasks.broker import config
-from tasks.runtime import dispatcher
+from tasks.runtime import async_dispatcher, dispatcher
 
-
-@dramatiq.actor(
+_OPTIONS = dict(
     actor_name=EXECUTE_ACTOR,
     queue_name=config.queue_name,
     max_retries=0,
@@ -24,5 +23,16 @@ from tasks.runtime import dispatcher
     # by the calls ahead of it, each shorter than a lease.
     time_limit=int(config.lease_seconds * 1000),
 )
-def execute_payments(claims: list[list], probe: bool = False) -> None:
-    dispatcher(config).submit(decode_claims(claims), probe=probe)
+
+if config.executor == "asyncio":
+
+    @dramatiq.actor(**_OPTIONS)  # type: ignore[call-overload]
+    async def execute_payments(claims: list[list], probe: bool = False) -> None:
+        dispatcher = await async_dispatcher(config)
+        await dispatcher.submit(decode_claims(claims), probe=probe)
+
+else:
+
+    @dramatiq.actor(**_OPTIONS)  # type: ignore[call-overload]
+    def execute_payments(claims: list[list], probe: bool = False) -> None:
+        dispatcher(config).submit(decode_claims(claims), probe=probe)

@@ -162,11 +162,18 @@ def gateway(gateway_server):
 
 
 @pytest.fixture
-def engine(config, gateway):
+def executor_kind() -> str:
+    """The executor a test runs (a test parametrizes it over
+    tests.aio_support.EXECUTORS to run against both)."""
+    return "threads"
+
+
+@pytest.fixture
+def engine(config, gateway, executor_kind):
     """Sweeper, executor and reaper in-process against the real gateway."""
     from tests.inprocess import Engine
 
-    eng = Engine(config)
+    eng = Engine(config, executor_kind=executor_kind)
     yield eng
     eng.close()
 

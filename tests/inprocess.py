@@ -26,6 +26,8 @@ class Engine:
     #: The breaker's clock: a test that moves it by hand needs no sleep.
     clock: Callable[[], float] = time.time
     messages: list[tuple[list[Claim], bool]] = field(default_factory=list)
+    #: ``threads`` or ``asyncio`` (tests.aio_support): the executor under test.
+    executor_kind: str = "threads"
 
     def __post_init__(self):
         self.pool = make_pool(self.config, max_size=8, name="test-engine")
@@ -39,6 +41,11 @@ class Engine:
             breaker=self.breaker,
             call_limiter=None,
         )
+        self.threaded = self.executor
+        if self.executor_kind == "asyncio":
+            from tests.aio_support import AsyncFacade
+
+            self.executor = AsyncFacade(self.threaded, self.config.gateway_url)
         self.sweeper = Sweeper(
             settings=SweepSettings.from_config(self.config),
             pool=self.pool,
@@ -68,5 +75,7 @@ class Engine:
                 return
 
     def close(self):
+        if self.executor is not self.threaded:
+            self.executor.close()
         self.gateway.close()
         self.pool.close()

@@ -8,16 +8,19 @@ from datetime import datetime
 from flask import Flask
 
 from paycron.config import Config
+from paycron.engine.payment_methods import PaymentMethodCheck
 from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import CallLimiter
 from paycron.limits.rate_limits import ActorRateLimiter
 from paycron.observability.audit import configure_audit_log
 from paycron.observability.sentry import configure_logging, init_sentry
+from paycron.processors.base import PaymentMethodOwners
 from paycron.processors.factory import build_processor
 from paycron.store.apikeys import PrincipalCache
 from paycron.store.db import make_pool, make_redis
 from web import (
     admin,
+    admin_customers,
     batches,
     console,
     events,
@@ -38,6 +41,7 @@ API_BLUEPRINTS = (
     payments.bp,
     batches.bp,
     admin.bp,
+    admin_customers.bp,
     events.bp,
     webhooks.bp,
     gateway_events.bp,
@@ -65,9 +69,16 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     app.extensions["paycron.principals"] = PrincipalCache(config.api_key_cache_seconds)
     # Short command timeouts: a readiness probe must answer while Redis hangs.
     app.extensions["paycron.redis"] = make_redis(config, timeout=2)
-    # Only the admin dead-letter actions ask the gateway, one at a time.
-    app.extensions["paycron.gateway"] = build_processor(
-        config, max_connections=4, call_limiter=CallLimiter(app.extensions["paycron.redis"], config)
+    # The admin dead-letter actions ask the gateway, one at a time, and
+    # creates ask whose a payment method is (a few at a time per request).
+    gateway = build_processor(
+        config, max_connections=8, call_limiter=CallLimiter(app.extensions["paycron.redis"], config)
+    )
+    app.extensions["paycron.gateway"] = gateway
+    app.extensions["paycron.payment_method_check"] = (
+        PaymentMethodCheck(gateway, seconds=config.payment_method_check_seconds)
+        if config.payment_method_check and isinstance(gateway, PaymentMethodOwners)
+        else None
     )
     app.extensions["paycron.rate_limiter"] = ActorRateLimiter(
         app.extensions["paycron.redis"], config

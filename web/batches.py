@@ -20,8 +20,8 @@ from marshmallow import ValidationError, fields, post_load, validate
 
 from paycron.config import Config
 from paycron.domain.money import ISO_4217
-from paycron.errors import PaycronError, ValidationFailed
-from paycron.store import batches
+from paycron.errors import PaycronError, PaymentMethodNotCustomers, ValidationFailed
+from paycron.store import batches, customers
 from paycron.store.batches import BatchItem
 from paycron.store.db import bounded_write
 from paycron.store.payments import Created, NewPayment, request_hash
@@ -235,8 +235,8 @@ def _build_schemas(state) -> None:
     description=(
         "The batch was processed: one result per item, in order, each the item's 201 "
         "(created, or replayed: the payment a single create would answer) or its "
-        "refusal (400 VALIDATION_FAILED or CUSTOMER_NOT_YOURS with messages per field; "
-        "409 IDEMPOTENCY_KEY_REUSED)."
+        "refusal (400 VALIDATION_FAILED, CUSTOMER_NOT_YOURS or PAYMENT_METHOD_NOT_CUSTOMERS "
+        "with messages per field; 409 IDEMPOTENCY_KEY_REUSED)."
     ),
 )
 @bp.alt_response(
@@ -259,7 +259,9 @@ def _build_schemas(state) -> None:
     **problem(
         "The database could not confirm the batch: OUTCOME_UNKNOWN (some or all of it "
         "may exist; send the same batch again: every item replays or is created once), "
-        "or UNAVAILABLE (nothing was created)."
+        "UNAVAILABLE (nothing was created), or PROCESSOR_UNAVAILABLE (the processor did "
+        "not say in time whose the items' payment methods are; nothing was created, the "
+        "answers it gave are kept: send the same batch again)."
     ),
 )
 def create_batch():
@@ -293,7 +295,7 @@ def create_batch():
         )
     charge(actor, len(items))
     plain = current_app.extensions["paycron.batch_plain_items"]
-    prepared = [_prepare(item, plain) for item in items]
+    prepared = _refuse_foreign_methods([_prepare(item, plain) for item in items], actor, config)
     with current_app.extensions["paycron.pool"].connection() as conn:
         with bounded_write(conn, config.web_statement_timeout):
             prepared = _refuse_unpartitioned(conn, prepared, config)
@@ -303,6 +305,7 @@ def create_batch():
                 items=prepared,
                 processor=config.gateway,
                 smear_seconds=config.smear_seconds,
+                binding=config.customer_binding,
             )
     return jsonify(_RESULTS.dump({"results": _results(outcomes)}))
 
@@ -325,6 +328,41 @@ def _prepare(item: object, plain: PlainItems) -> BatchItem:
             return BatchItem(None, None, refusal=refusal)
         return BatchItem(item[KEY], body_hash, refusal=refusal)
     return BatchItem(key, body_hash, new=new)
+
+
+def _refuse_foreign_methods(items: list[BatchItem], actor: str, config: Config) -> list[BatchItem]:
+    """Items whose payment method the processor holds for another customer
+    (or not at all) are refused as a single create's would be
+    (``web.payments._payment_method_refusal``): each distinct (customer,
+    method) pair is asked once, and only for customers the payer may name.
+    The processor not answering in time refuses the whole batch (503
+    PROCESSOR_UNAVAILABLE), before anything is written."""
+    check = current_app.extensions["paycron.payment_method_check"]
+    named = [
+        item.new
+        for item in items
+        if item.new is not None
+        and item.new.customer is not None
+        and item.new.payment_method is not None
+    ]
+    if check is None or not named:
+        return items
+    with current_app.extensions["paycron.pool"].connection() as conn:
+        owners = customers.owners(conn, config.gateway, {new.customer for new in named})
+    pairs = {
+        (new.customer, new.payment_method)
+        for new in named
+        if customers.refusal(owners.get(new.customer), actor, config.customer_binding) is None
+    }
+    refused = check.refused(pairs) if pairs else set()
+    if not refused:
+        return items
+    return [
+        BatchItem(item.key, item.body_hash, refusal=PaymentMethodNotCustomers())
+        if item.new is not None and (item.new.customer, item.new.payment_method) in refused
+        else item
+        for item in items
+    ]
 
 
 def _refuse_unpartitioned(conn, items: list[BatchItem], config: Config) -> list[BatchItem]:

@@ -26,9 +26,16 @@ from paycron.config import Config
 from paycron.domain.enums import CancelOutcome, Status
 from paycron.domain.ids import parse_payment_id
 from paycron.domain.money import ISO_4217
-from paycron.errors import CancelRefused, NotFound, ValidationFailed
+from paycron.errors import (
+    CancelRefused,
+    NotFound,
+    PaycronError,
+    PaymentMethodNotCustomers,
+    ProcessorUnavailable,
+    ValidationFailed,
+)
 from paycron.processors.factory import amount_rules
-from paycron.store import payments, transitions
+from paycron.store import customers, payments, transitions
 from paycron.store.db import bounded_write
 from paycron.store.payments import NewPayment
 from web.api import Blueprint, document_schema, json_body, links
@@ -76,6 +83,25 @@ STRIPE_AMOUNT_RULES = (
     "(e.g. 50 in USD or EUR, 30 in GBP, 50 in JPY); whole units in zero-decimal currencies "
     "(JPY, KRW, ...: 500 is 500 JPY), a multiple of 100 in ISK and UGX, and ending in 0 in "
     "the three-decimal BHD, JOD, KWD, OMR and TND."
+)
+
+
+#: How the document states which customers a payer may name (docs/customers.md).
+CUSTOMER_BINDING_TEXT = {
+    "first_use": (
+        "Only a customer bound to this payer: one an admin registered to it, or one no "
+        "payer had named before (the first payer to name an unregistered customer gets it); "
+        "any other is refused (CUSTOMER_NOT_YOURS)."
+    ),
+    "registered": (
+        "Only a customer an admin registered to this payer; any other is refused "
+        "(CUSTOMER_NOT_YOURS)."
+    ),
+}
+#: ...and that the processor is asked whose the payment method is.
+METHOD_CHECK_TEXT = (
+    "Where the processor can tell (Stripe), it must be a method of the customer named (or "
+    "attached to none): else 400 PAYMENT_METHOD_NOT_CUSTOMERS. "
 )
 
 
@@ -170,7 +196,7 @@ class CreatePaymentSchema(Strict):
         metadata={
             "description": (
                 "The processor's payment method to charge (Stripe: pm_...), an opaque token. "
-                "{processor_fields}"
+                "{method_check}{processor_fields}"
             )
         },
     )
@@ -179,8 +205,7 @@ class CreatePaymentSchema(Strict):
         metadata={
             "description": (
                 "The processor's customer the payment method belongs to (Stripe: cus_...), an "
-                "opaque token. It belongs to the first payer that names it: another payer's is "
-                "refused (CUSTOMER_NOT_YOURS). {processor_fields}"
+                "opaque token. {customer_binding} {processor_fields}"
             )
         },
     )
@@ -200,6 +225,8 @@ class CreatePaymentSchema(Strict):
                 self.fields[name].require()
         texts = {
             **vars(config),
+            "customer_binding": CUSTOMER_BINDING_TEXT[config.customer_binding],
+            "method_check": METHOD_CHECK_TEXT if config.payment_method_check else "",
             "processor_fields": (
                 "Required with this processor."
                 if config.needs_customer
@@ -374,8 +401,10 @@ _CREATED_HEADERS = {
     **problem(
         "No or a bad Idempotency-Key, bad JSON, an invalid body "
         "(VALIDATION_FAILED, messages per field in errors), or a "
-        "customer another payer named first (CUSTOMER_NOT_YOURS, "
-        "the message in errors.customer)."
+        "customer not bound to this payer (CUSTOMER_NOT_YOURS, "
+        "the message in errors.customer), or a payment method the processor holds for "
+        "another customer or not at all (PAYMENT_METHOD_NOT_CUSTOMERS, the message in "
+        "errors.paymentMethod). Nothing is created."
     ),
 )
 @bp.alt_response(
@@ -387,8 +416,9 @@ _CREATED_HEADERS = {
     503,
     **problem(
         "The database could not confirm the create: OUTCOME_UNKNOWN (it may or may not exist; "
-        "retry with the same Idempotency-Key, which returns it or creates it once), or "
-        "UNAVAILABLE (nothing was created)."
+        "retry with the same Idempotency-Key, which returns it or creates it once), "
+        "UNAVAILABLE (nothing was created), or PROCESSOR_UNAVAILABLE (the processor did not "
+        "say in time whose the payment method is; nothing was created: retry)."
     ),
 )
 def create():
@@ -417,15 +447,12 @@ def create():
     body_hash = payments.request_hash(body)
     try:
         new = load(current_app.extensions["paycron.create_schema"], body)
-    except ValidationFailed:
-        with _pool().connection() as conn, bounded_write(conn, _write_bound()):
-            replay = payments.find_replay(conn, actor, idempotency_key, body_hash)
-            if replay is not None:
-                payments.confirm_replicated(conn, actor=actor, key=idempotency_key)
-        if replay is None:
-            raise
-        return _created(replay, replayed=True)
+    except ValidationFailed as refused:
+        return _replay_or_raise(actor, idempotency_key, body_hash, refused)
     config = current_app.extensions["paycron.config"]
+    refused_method = _payment_method_refusal(actor, new, config)
+    if refused_method is not None:
+        return _replay_or_raise(actor, idempotency_key, body_hash, refused_method)
     with _pool().connection() as conn, bounded_write(conn, _write_bound()):
         created = payments.create_payment(
             conn,
@@ -435,6 +462,7 @@ def create():
             new=new,
             processor=config.gateway,
             smear_seconds=config.smear_seconds,
+            binding=config.customer_binding,
         )
         if created.replayed:
             payments.confirm_replicated(conn, actor=actor, key=idempotency_key)
@@ -443,6 +471,39 @@ def create():
         ):
             payments.notify_due(conn)  # its row committed: a sweeper claims it now
     return _created(created.payment, created.replayed)
+
+
+def _replay_or_raise(actor: str, key: str, body_hash: bytes, refused: PaycronError):
+    """The replay of an earlier create with this key and body, else ``refused``
+    raised: a replay is answered whatever refuses the body now."""
+    with _pool().connection() as conn, bounded_write(conn, _write_bound()):
+        replay = payments.find_replay(conn, actor, key, body_hash)
+        if replay is not None:
+            payments.confirm_replicated(conn, actor=actor, key=key)
+    if replay is None:
+        raise refused
+    return _created(replay, replayed=True)
+
+
+def _payment_method_refusal(actor: str, new: NewPayment, config: Config) -> PaycronError | None:
+    """Why the processor's word refuses this create's payment method, if it
+    does (docs/customers.md): PaymentMethodNotCustomers, or
+    ProcessorUnavailable when it did not answer in time. Asked only when the
+    customer is one the payer may name, so no payer learns anything about
+    another's customers' methods; before anything is written."""
+    check = current_app.extensions["paycron.payment_method_check"]
+    if check is None or new.customer is None or new.payment_method is None:
+        return None
+    with _pool().connection() as conn:
+        owner = customers.owners(conn, config.gateway, [new.customer]).get(new.customer)
+    if customers.refusal(owner, actor, config.customer_binding) is not None:
+        return None  # the create itself refuses the customer
+    try:
+        if check.refused([(new.customer, new.payment_method)]):
+            return PaymentMethodNotCustomers()
+    except ProcessorUnavailable as unavailable:
+        return unavailable
+    return None
 
 
 def _write_bound() -> float:

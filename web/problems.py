@@ -20,6 +20,7 @@ from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from paycron.errors import (
     CancelRefused,
+    CustomerBound,
     DeadLetterActionRefused,
     GatewayError,
     GatewayRequestRefused,
@@ -28,6 +29,7 @@ from paycron.errors import (
     NotFound,
     OutcomeUnknown,
     PaycronError,
+    ProcessorUnavailable,
     RateLimited,
     ValidationFailed,
 )
@@ -43,6 +45,7 @@ _STATUS_BY_ERROR: list[tuple[type[PaycronError], int]] = [
     (CancelRefused, 409),
     (DeadLetterActionRefused, 409),
     (LimitReached, 409),
+    (CustomerBound, 409),
     (RateLimited, 429),
     # The processor refused our request: our bug or its API's change, not an
     # outage (a 502 would tell the operator to wait): an internal error.
@@ -51,6 +54,8 @@ _STATUS_BY_ERROR: list[tuple[type[PaycronError], int]] = [
     # A create that may or may not have committed (docs/operations.md): retry it with
     # the same Idempotency-Key, which returns the payment or creates it once.
     (OutcomeUnknown, 503),
+    # A create that needed the processor's word and did not get it: nothing written.
+    (ProcessorUnavailable, 503),
 ]
 
 #: Codes for errors Flask/werkzeug raise before a view runs.

@@ -8,7 +8,9 @@ Point the official SDK at it with ``base_addresses={"api": "<fake>/stripe"}``.
   ``GET /v1/payment_intents/{id}``, ``GET /v1/payment_intents`` (customer,
   created, cursors: strongly consistent), ``GET /v1/payment_intents/search``
   (lags by ``search_lag_ms``); ``POST /v1/refunds``, ``GET /v1/refunds[/{id}]``;
-  ``GET /v1/charges[/{id}]``; ``GET /v1/events[/{id}]``.
+  ``GET /v1/charges[/{id}]``; ``GET /v1/events[/{id}]``;
+  ``GET /v1/payment_methods/{id}``, ``…/attach``, ``…/detach``
+  (`stripe_payment_methods`: whose customer each method is).
 * Auth: ``Authorization: Bearer <the configured key>`` or 401. Any
   ``Stripe-Version`` is accepted and remembered (``GET /_stripe``).
 * Every POST is idempotent per ``Idempotency-Key`` as at Stripe
@@ -32,8 +34,9 @@ from gateway.fake.jsonapi import latency_headers
 from gateway.fake.processor import FakeProcessor, Fate, Outcome
 from gateway.fake.stripe_idempotency import Answer, Call, once
 from gateway.fake.stripe_ledger import StripeLedger
-from gateway.fake.stripe_methods import MAX_AMOUNT, PAYMENT_METHODS, MethodSpec, minimum_amount
+from gateway.fake.stripe_methods import MAX_AMOUNT, MethodSpec, minimum_amount
 from gateway.fake.stripe_objects import StripeObject
+from gateway.fake.stripe_payment_methods import PaymentMethodRoutes
 from gateway.fake.stripe_reads import StripeReads, check_expansions, expand, find_intent
 from gateway.fake.stripe_settings import StripeSettings
 from gateway.fake.stripe_webhooks import Webhooks
@@ -110,6 +113,7 @@ class StripeSurface:
         self.last_version: str | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.reads = StripeReads(lambda: self.ledger)
+        self.methods = PaymentMethodRoutes(lambda: self.ledger.payment_methods)
         processor.reset_hooks.append(self.reset)
 
     @property
@@ -135,6 +139,9 @@ class StripeSurface:
             ("GET", "/v1/refunds/{id}", reads.get_refund),
             ("GET", "/v1/events", reads.list_events),
             ("GET", "/v1/events/{id}", reads.get_event),
+            ("GET", "/v1/payment_methods/{id}", self.methods.retrieve),
+            ("POST", "/v1/payment_methods/{id}/attach", self.methods.attach),
+            ("POST", "/v1/payment_methods/{id}/detach", self.methods.detach),
         ]
         return [
             web.route(method, PREFIX + path, self._api(handler)) for method, path, handler in table
@@ -179,6 +186,13 @@ class StripeSurface:
             self.versions_seen[version] = self.versions_seen.get(version, 0) + 1
             self.ledger.api_version = version
 
+    def _method(self, method_id: str) -> MethodSpec:
+        """What charging with a test token, or a method made from one, does."""
+        method = self.ledger.payment_methods.spec(method_id)
+        if method is None:
+            raise missing("PaymentMethod", method_id, "payment_method", 400)
+        return method
+
     # ---- payment intents
 
     async def create_intent(self, request: web.Request, call: Call) -> web.StreamResponse:
@@ -194,7 +208,9 @@ class StripeSurface:
         if customer is not None and not customer.startswith("cus_"):
             raise missing("customer", customer, "customer", 400)
         method_id = string(params, "payment_method")
-        method = _method(method_id) if method_id is not None else None
+        method = self._method(method_id) if method_id is not None else None
+        if method_id is not None:
+            self.ledger.payment_methods.check_customer(method_id, customer)
         confirm, off_session = boolean(params, "confirm"), boolean(params, "off_session")
         if confirm and method is None:
             raise invalid(
@@ -231,7 +247,9 @@ class StripeSurface:
         params = await _form(request)
         check_known(params, CONFIRM_PARAMS)
         method_id = string(params, "payment_method")
-        method = _method(method_id) if method_id is not None else None
+        method = self._method(method_id) if method_id is not None else None
+        if method_id is not None:
+            self.ledger.payment_methods.check_customer(method_id, intent["customer"])
         off_session = bool(boolean(params, "off_session"))
         paths = check_expansions(params, "payment_intent")
 
@@ -246,7 +264,7 @@ class StripeSurface:
                     "You cannot confirm this PaymentIntent because it's missing a "
                     "payment method. Specify a payment_method to confirm it with.",
                 )
-            chosen = method or PAYMENT_METHODS[chosen_id]
+            chosen = method or self._method(chosen_id)
             return self._attempt(fate, intent, chosen_id, chosen, off_session, call, paths)
 
         return await once(self.processor, request, call, params, run)
@@ -412,7 +430,9 @@ class StripeSurface:
         method_id = self.ledger.method_of(intent_id)
         if intent is None or intent["status"] != "processing" or method_id is None:
             return False
-        self.ledger.settle(intent, PAYMENT_METHODS[method_id])
+        spec = self.ledger.payment_methods.spec(method_id, usable_only=False)
+        assert spec is not None  # it was confirmed with it
+        self.ledger.settle(intent, spec)
         self.webhooks.publish(self.ledger.drain_events())
         return True
 
@@ -477,13 +497,6 @@ def _check_amount(amount: int, currency: str) -> None:
             code="amount_too_small",
             param="amount",
         )
-
-
-def _method(method_id: str) -> MethodSpec:
-    method = PAYMENT_METHODS.get(method_id)
-    if method is None:
-        raise missing("PaymentMethod", method_id, "payment_method", 400)
-    return method
 
 
 def _expect_state(intent: StripeObject, allowed: tuple[str, ...], action: str) -> None:

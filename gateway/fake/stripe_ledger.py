@@ -32,6 +32,7 @@ from gateway.fake.stripe_methods import (
     MethodSpec,
 )
 from gateway.fake.stripe_objects import StripeObject
+from gateway.fake.stripe_payment_methods import PaymentMethods
 
 #: The metadata key the engine stores its payment id under (shown in `/_ledger`).
 PAYMENT_ID_KEY = "paycron_payment_id"
@@ -177,6 +178,7 @@ class StripeLedger:
         self.charges = Collection("customer", "payment_intent")
         self.refunds = Collection("payment_intent", "charge")
         self.events = Collection("type")
+        self.payment_methods = PaymentMethods(self.now)
         self.api_version = DEFAULT_API_VERSION
         #: How far the search index lags (the surface's setting; prunes the history).
         self.search_lag_seconds = 60.0

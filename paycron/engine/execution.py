@@ -202,6 +202,11 @@ class Executor:
             land_seconds=self.config.in_flight_bound_seconds,
             poll_seconds=self.config.gateway_poll_seconds,
         )
+        self._report(done, recorded, counts)
+        return done
+
+    def _report(self, done: list[Finished], recorded: list[dict], counts: GroupCounts) -> None:
+        """Count, log and page what a batch's finish recorded."""
         counts.moved += sum(1 for r in recorded if r["moved"])
         parked = {r["id"] for r in recorded if r["moved"] and r["status"] == Status.FAILED}
         for item in done:
@@ -240,7 +245,6 @@ class Executor:
                 item.result.error_code,
                 item.decision.status.value,
             )
-        return done
 
     def _call_all(self, rows: list[dict], lease_end: float) -> list[Finished]:
         if self.calls is None or len(rows) < 2:
@@ -249,6 +253,11 @@ class Executor:
         futures = [self.calls.submit(self._call, row, lease_end) for row in rows[1:]]
         first = self._call(rows[0], lease_end)
         return [first, *(f.result() for f in futures)]
+
+    def looks_up_first(self, row: dict) -> bool:
+        """Whether this row may be asked about by reference instead of called
+        (leases kept expiring, or an old doubt): the rare, blocking path."""
+        return row["in_doubt"] or policy.at_lease_expiry_limit(row["lease_expiries"], self.config)
 
     def _call(self, row: dict, lease_end: float) -> Finished:
         try:
@@ -274,6 +283,9 @@ class Executor:
         except Exception:  # a bug must not lose the group: in doubt, asked again
             log.exception("gateway call failed unexpectedly for %s", row["id"])
             result = CallResult(Outcome.AMBIGUOUS, error_code="client_error", in_doubt=True)
+        return self.decided(row, result)
+
+    def decided(self, row: dict, result: CallResult) -> Finished:
         decision = policy.decide(
             result,
             failures=row["failures"],
@@ -332,30 +344,41 @@ class Executor:
         left = lease_end - self.clock()
         if left < MIN_SEND_SECONDS:
             return CallResult(Outcome.NOT_SENT, error_code="lease_too_short")
-        if row["attempt"] == 1:
-            lateness = (datetime.now(UTC) - row["due_at"]).total_seconds()
-            metrics.TRIGGER_LATENESS.observe(max(0.0, lateness))
+        self.late_by(row)
         started = time.monotonic()
         result = self.gateway.charge(
-            ChargeRequest(
-                reference=str(row["id"]),
-                idempotency_key=gateway_key(row["id"], row["key_generation"]),
-                amount=row["amount_minor"],
-                currency=row["currency"].strip(),
-                customer=row["customer"],
-                payment_method=row["payment_method"],
-                confirm=row["gateway_intent_id"],
-            ),
-            timeout=min(self.config.gateway_timeout_seconds, left),
+            charge_request(row), timeout=min(self.config.gateway_timeout_seconds, left)
         )
+        self.called(result, time.monotonic() - started)
+        return result
+
+    def called(self, result: CallResult, elapsed: float) -> None:
+        """A call's answer heard: paged, measured, its latency told."""
         if result.outcome is Outcome.AUTH_FAILED:
             # Our configuration is broken, not the payment: an operator is paged.
             log.error(
                 "the processor refused our credentials (%s): check the API key", result.error_code
             )
-        elapsed = time.monotonic() - started
         metrics.GATEWAY_LATENCY.observe(elapsed)
         metrics.GATEWAY_CALLS.labels(result.outcome.value).inc()
         if self.on_latency is not None:
             self.on_latency(elapsed)
-        return result
+
+    def late_by(self, row: dict) -> None:
+        """A first attempt's lateness (due to sent), measured."""
+        if row["attempt"] == 1:
+            lateness = (datetime.now(UTC) - row["due_at"]).total_seconds()
+            metrics.TRIGGER_LATENESS.observe(max(0.0, lateness))
+
+
+def charge_request(row: dict) -> ChargeRequest:
+    """The charge a started payment row asks for, under its key."""
+    return ChargeRequest(
+        reference=str(row["id"]),
+        idempotency_key=gateway_key(row["id"], row["key_generation"]),
+        amount=row["amount_minor"],
+        currency=row["currency"].strip(),
+        customer=row["customer"],
+        payment_method=row["payment_method"],
+        confirm=row["gateway_intent_id"],
+    )

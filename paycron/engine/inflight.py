@@ -18,12 +18,14 @@ any crash (Dramatiq redelivery is never relied on, docs/design.md).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from paycron.engine.aio import AsyncExecutor
 from paycron.engine.execution import Executor
 from paycron.observability.outages import FailureLog
 from paycron.store.transitions import Claim
@@ -158,3 +160,79 @@ class Dispatcher:
                 self._failures.succeeded()
         finally:
             self.limit.release(room)
+
+
+class AsyncInFlightLimit(InFlightLimit):
+    """:class:`InFlightLimit` for one event loop (``EXECUTOR=asyncio``): the
+    same size and rooms, waited for by tasks; every method runs on the loop."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._acond = asyncio.Condition()
+
+    def observe(self, seconds: float) -> None:
+        before = self.size
+        self.latency += EWMA_ALPHA * (seconds - self.latency)
+        if self._waiting and self.size > before:
+            self._wake()
+
+    def _wake(self) -> None:
+        async def notify() -> None:
+            async with self._acond:
+                self._acond.notify_all()
+
+        task = asyncio.get_running_loop().create_task(notify())
+        _TASKS.add(task)
+        task.add_done_callback(_TASKS.discard)
+
+    async def acquire_async(self, room: Room) -> None:
+        """Wait until ``room`` fits (a group larger than the limit alone), then hold it."""
+        async with self._acond:
+            while self._rooms and self.held + room.size > self.size:
+                self._waiting += 1
+                try:
+                    await self._acond.wait()
+                finally:
+                    self._waiting -= 1
+            self._rooms.add(room)
+
+    def release_now(self, room: Room) -> None:
+        if room in self._rooms:
+            self._rooms.discard(room)
+            if self._waiting:
+                self._wake()
+
+
+#: Tasks the loop runs in the background, held so none is collected mid-run.
+_TASKS: set[asyncio.Task] = set()
+
+
+class AsyncDispatcher:
+    """:class:`Dispatcher` on one event loop: the actor's coroutine admits a
+    group within the limit (waiting while the process is full: back
+    pressure) and returns; the group runs as a task and gives its room back.
+    Cancelled while it waits (Dramatiq's time limit), it holds nothing."""
+
+    def __init__(self, *, executor: AsyncExecutor, limit: AsyncInFlightLimit):
+        self.executor = executor
+        self.limit = limit
+        self._failures = FailureLog("executing a group of claims")
+
+    async def submit(self, claims: Sequence[Claim], *, probe: bool = False) -> None:
+        room = Room(len(claims))
+        await self.limit.acquire_async(room)
+        # No await from here on: nothing can interrupt between holding the
+        # room and the task that gives it back.
+        task = asyncio.get_running_loop().create_task(self._run(claims, probe, room))
+        _TASKS.add(task)
+        task.add_done_callback(_TASKS.discard)
+
+    async def _run(self, claims: Sequence[Claim], probe: bool, room: Room) -> None:
+        try:
+            await self.executor.execute(claims, probe=probe)
+        except Exception as exc:  # the rows stay leased; the reaper returns them
+            self._failures.failed(exc)
+        else:
+            self._failures.succeeded()
+        finally:
+            self.limit.release_now(room)

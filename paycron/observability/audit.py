@@ -62,6 +62,8 @@ EVENTS = {
     "webhook.replay": "a webhook delivery queued to be sent again (console)",
     "api_key.create": "an API key created (CLI)",
     "api_key.revoke": "an API key revoked (CLI)",
+    "customer.register": "a processor customer registered to a payer (admin API or CLI)",
+    "customer.remove": "a processor customer's binding to its payer removed (admin API or CLI)",
 }
 
 #: Free text (a target, a reason) is cut to this many characters.

@@ -200,6 +200,10 @@ class _RedactedRecord(logging.LogRecord):
         super().__init__(*args, **kwargs)
         if isinstance(self.args, tuple) and self.args:
             self.args = tuple(_redacted_argument(arg) for arg in self.args)
+        elif isinstance(self.msg, str) and not self.args:
+            # A message made whole before logging (the Stripe SDK's lines,
+            # with the URL of a payment method it retrieves): no template to keep.
+            self.msg = redact_tokens(self.msg)
         if self.exc_info and self.exc_info[1] is not None:
             self.exc_text = format_exception_redacted(self.exc_info[1])
 

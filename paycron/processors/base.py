@@ -11,7 +11,7 @@ root. The requests and answers it carries are the domain's values
 from __future__ import annotations
 
 from datetime import date
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from paycron.domain.processing import CallResult, Charge, ChargeRequest, LookupRequest, Refund
 
@@ -39,3 +39,17 @@ class Processor(Protocol):
         """Every charge the processor created on ``day`` (UTC), any status."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PaymentMethodOwners(Protocol):
+    """A processor that can say which customer a payment method belongs to
+    (Stripe: a PaymentMethod's ``customer``). Processors without customers
+    (the fake card processor) do not implement it, and nothing is checked."""
+
+    def payment_method_customer(self, payment_method: str, *, timeout: float) -> str | None:
+        """The customer the method is attached to, or None while it is
+        attached to none. Raises :class:`~paycron.errors.ProcessorPaymentMissing`
+        when the processor holds no such method, and
+        :class:`~paycron.errors.GatewayError` when it cannot tell (within
+        ``timeout`` seconds)."""

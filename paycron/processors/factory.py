@@ -35,6 +35,19 @@ def build_processor(
     )
 
 
+def build_async_charger(config: Config, *, max_connections: int = 64):
+    """The processor's async charge for a worker's event loop
+    (``EXECUTOR=asyncio``; call on that loop), or None where it has none
+    (Stripe's SDK: its charges run on a thread with the blocking client)."""
+    if config.gateway == "stripe":
+        return None
+    from paycron.processors.card.aio import AsyncCardProcessor
+
+    return AsyncCardProcessor(
+        config.gateway_url, timeout=config.gateway_timeout_seconds, max_connections=max_connections
+    )
+
+
 def _token_taker(limiter: CallLimiter | None) -> Callable[[], None] | None:
     if limiter is None:
         return None

@@ -26,6 +26,7 @@ from datetime import date, datetime, timedelta
 from paycron.domain.ids import new_payment_id
 from paycron.errors import CustomerNotYours, IdempotencyKeyReused, PaycronError
 from paycron.sql import q
+from paycron.store.customers import FIRST_USE, refusal
 from paycron.store.db import Connection
 from paycron.store.payments import Created, NewPayment
 
@@ -81,14 +82,18 @@ def create_batch(
     items: Sequence[BatchItem],
     processor: str,
     smear_seconds: float = 0.0,
+    binding: str = FIRST_USE,
 ) -> list[Outcome]:
     """Create the items' payments; one outcome per item, in order.
+
+    Each item's customer must be bound to ``actor``, as for a single create
+    (:func:`paycron.store.payments.create_payment`, ``binding`` likewise).
 
     An item whose key appeared earlier in the batch is answered as a create
     sent after that one: a replay of it with the same body, else a 409.
     """
     for _ in range(CUSTOMER_RACE_RETRIES):
-        prepared = _Prepared(conn, actor, items, processor)
+        prepared = _Prepared(conn, actor, items, processor, binding)
         try:
             created = prepared.write(smear_seconds)
         except _StartOver:
@@ -100,16 +105,24 @@ def create_batch(
 class _Prepared:
     """The items' customers checked, and the creating item of each key chosen."""
 
-    def __init__(self, conn: Connection, actor: str, items: Sequence[BatchItem], processor: str):
+    def __init__(
+        self,
+        conn: Connection,
+        actor: str,
+        items: Sequence[BatchItem],
+        processor: str,
+        binding: str,
+    ):
         self.conn, self.actor, self.processor = conn, actor, processor
         named = {item.new.customer for item in items if item.new and item.new.customer is not None}
         owners = _owners(conn, processor, named) if named else {}
-        #: Items refused because another payer bound their customer first.
-        self.not_yours = {
-            index
-            for index, item in enumerate(items)
-            if item.new and item.new.customer and owners.get(item.new.customer, actor) != actor
-        }
+        #: Items refused because their customer is not (and cannot become) the actor's.
+        self.not_yours: dict[int, CustomerNotYours] = {}
+        for index, item in enumerate(items):
+            if item.new and item.new.customer is not None:
+                refused = refusal(owners.get(item.new.customer), actor, binding)
+                if refused is not None:
+                    self.not_yours[index] = refused
         # The first acceptable item of each key creates (if the key is unused):
         # the refusals before it create nothing, the items after it replay it.
         self.creators: dict[str, int] = {}
@@ -250,7 +263,7 @@ def _answer(
 def _first_use(item: BatchItem, index: int, prepared: _Prepared) -> Outcome:
     """The outcome of an item whose key nothing used before it."""
     if index in prepared.not_yours:
-        return CustomerNotYours()
+        return prepared.not_yours[index]
     if item.refusal is not None:
         return item.refusal
     # Its key was used when the insert ran and was gone when looked up:

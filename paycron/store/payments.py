@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from paycron.domain.ids import due_range, new_payment_id
 from paycron.errors import CustomerNotYours, IdempotencyKeyReused, PaycronError
 from paycron.sql import q
+from paycron.store.customers import FIRST_USE, REGISTERED, refusal
 from paycron.store.db import Connection
 
 #: Sorts after every real (created_at, id): the keyset start of page one.
@@ -92,6 +93,7 @@ def create_payment(
     new: NewPayment,
     processor: str,
     smear_seconds: float = 0.0,
+    binding: str = FIRST_USE,
 ) -> Created:
     """Insert the payment, its idempotency row and its event in one transaction.
 
@@ -99,10 +101,12 @@ def create_payment(
     for it and then answer as replays of it (or 409 if their body differs).
 
     A payment naming a customer needs the customer bound to ``actor`` at
-    ``processor`` (docs/design.md): the first create naming it binds it, in the
-    same transaction as the payment; a customer another actor bound first is
-    :class:`CustomerNotYours`, and nothing is created. A create naming a
-    customer already bound to it costs no more than one without.
+    ``processor`` (docs/customers.md). With ``binding`` ``first_use`` the first
+    create naming an unbound customer binds it, in the same transaction as
+    the payment; with ``registered`` only an admin binds one. A customer
+    not bound to ``actor`` is :class:`CustomerNotYours`, and nothing is
+    created. A create naming a customer already bound to it costs no more
+    than one without.
     """
     run_at = new.due_at
     if smear_seconds > 0:
@@ -128,10 +132,11 @@ def create_payment(
         return Created(payment={**row, "attempts": []}, replayed=False)
     if new.customer is not None:
         owner = _customer_owner(conn, processor, new.customer)
-        if owner is None:
+        if owner is None and binding != REGISTERED:
             return _create_binding(conn, params, body_hash)
-        if owner != actor:
-            return _replay_or(conn, actor, key, body_hash, CustomerNotYours())
+        refused = refusal(owner, actor, binding)
+        if refused is not None:
+            return _replay_or(conn, actor, key, body_hash, refused)
         replay = find_replay(conn, actor, key, body_hash)
         if replay is not None:
             return Created(payment=replay, replayed=True)

@@ -235,14 +235,21 @@ def start(
     with pool.connection() as conn:
         return conn.execute(
             q("start_attempts"),
-            {
-                **_claim_params(claims),
-                "lease_seconds": lease_seconds,
-                "processor": processor,
-                "worker": worker or worker_name(),
-            },
+            start_params(claims, lease_seconds=lease_seconds, processor=processor, worker=worker),
             prepare=True,
         ).fetchall()
+
+
+def start_params(
+    claims: Sequence[Claim], *, lease_seconds: float, processor: str, worker: str | None
+) -> dict:
+    """The parameters of ``start_attempts`` (also the async executor's)."""
+    return {
+        **_claim_params(claims),
+        "lease_seconds": lease_seconds,
+        "processor": processor,
+        "worker": worker or worker_name(),
+    }
 
 
 @dataclass(frozen=True)
@@ -330,7 +337,21 @@ def _finish(
 ) -> list[dict]:
     if not done:
         return []
-    params = {
+    params = finish_params(done, land_seconds, poll_seconds)
+    with pool.connection() as conn:
+        rows = conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
+        # A statement of its own (it must see a parking committed while the
+        # one above waited): late successes of payments parked in doubt.
+        late = late_successes(done, rows)
+        if late:
+            _complete_late(conn, late)
+    log_finished(done, rows)
+    return rows
+
+
+def finish_params(done: Sequence[Finished], land_seconds: float, poll_seconds: float) -> dict:
+    """The parameters of ``finish_attempts`` (also the async executor's)."""
+    return {
         "ids": [d.row["id"] for d in done],
         "due_ats": [d.row["due_at"] for d in done],
         "attempts": [d.row["attempt"] for d in done],
@@ -352,13 +373,14 @@ def _finish(
         "land_seconds": land_seconds,
         "poll_seconds": poll_seconds,
     }
-    with pool.connection() as conn:
-        rows = conn.execute(q("finish_attempts"), params, prepare=True).fetchall()
-        # A statement of its own (it must see a parking committed while the
-        # one above waited): late successes of payments parked in doubt.
-        late = [d for d, r in zip(done, _in_order(done, rows), strict=True) if _late(d, r)]
-        if late:
-            _complete_late(conn, late)
+
+
+def late_successes(done: Sequence[Finished], rows: Sequence[dict]) -> list[Finished]:
+    """Successes recorded on their attempt rows that moved no payment (parked meanwhile)."""
+    return [d for d, r in zip(done, _in_order(done, rows), strict=True) if _late(d, r)]
+
+
+def log_finished(done: Sequence[Finished], rows: Sequence[dict]) -> None:
     by_id = {d.row["id"]: d for d in done}
     for r in rows:
         if r["moved"]:
@@ -372,7 +394,6 @@ def _finish(
                 reason=d.decision.failure_reason,
                 level=logging.DEBUG,
             )
-    return rows
 
 
 def _in_order(done: Sequence[Finished], rows: Sequence[dict]) -> list[dict | None]:
@@ -391,16 +412,21 @@ def _late(item: Finished, row: dict | None) -> bool:
 
 
 def _complete_late(conn: Connection, late: Sequence[Finished]) -> None:
-    rows = conn.execute(
-        q("complete_late_success"),
-        {
-            "ids": [d.row["id"] for d in late],
-            "due_ats": [d.row["due_at"] for d in late],
-            "attempts": [d.row["attempt"] for d in late],
-            "gateway_refs": [d.result.gateway_ref for d in late],
-            "actor": worker_name(),
-        },
-    ).fetchall()
+    rows = conn.execute(q("complete_late_success"), late_params(late)).fetchall()
+    log_late(rows)
+
+
+def late_params(late: Sequence[Finished]) -> dict:
+    return {
+        "ids": [d.row["id"] for d in late],
+        "due_ats": [d.row["due_at"] for d in late],
+        "attempts": [d.row["attempt"] for d in late],
+        "gateway_refs": [d.result.gateway_ref for d in late],
+        "actor": worker_name(),
+    }
+
+
+def log_late(rows: Sequence[dict]) -> None:
     for r in rows:
         log_transition(r["id"], Status.FAILED, Status.COMPLETED, reason="late_success")
 

@@ -454,3 +454,48 @@ def test_cancel_a_pending_payment_and_see_a_lost_race_honestly(ann, conn):
         f"/console/payments/{claimed['id']}/cancel", data={"csrf_token": csrf_of(page)}
     )
     assert no_reason.status_code == 400
+
+
+def test_bulk_requests_decisions_expiry_finish_and_cancel_write_audit_lines(
+    ann, bob, console, conn, audit_lines
+):
+    """Each bulk step and a console cancel is a line on the audit log
+    (docs/audit-log.md), not only a row of the audit page."""
+    park(conn, payer="acme", amount_minor=200_000)
+    approved = request_id_of(request_bulk(ann, "dismiss", {"payer": "acme"})[1])
+    bob.post(f"/console/approvals/{approved}/approve", data={"csrf_token": token(bob)})
+    run_all(console)
+    park(conn, payer="zeta", amount_minor=200_000)
+    rejected = request_id_of(request_bulk(ann, "dismiss", {"payer": "zeta"})[1])
+    bob.post(f"/console/approvals/{rejected}/reject", data={"csrf_token": token(bob)})
+    park(conn, payer="yak", amount_minor=200_000)
+    expired = request_id_of(request_bulk(ann, "dismiss", {"payer": "yak"})[1])
+    conn.execute(
+        "UPDATE console_bulk_requests SET expires_at = now() - interval '1 second' WHERE id = %s",
+        (expired,),
+    )
+    assert run_all(console).expired == 1
+    pending = insert_payment(conn, due_at=datetime.now(UTC) + timedelta(days=1))
+    page = ann.get(f"/console/payments/{pending['id']}").get_data(as_text=True)
+    ann.post(
+        f"/console/payments/{pending['id']}/cancel",
+        data={"csrf_token": csrf_of(page), "reason": "customer asked"},
+    )
+
+    def lines(name):
+        return [line for line in audit_lines if line["event"] == name]
+
+    assert [line["actor"] for line in lines("console.bulk_request")] == ["ops-ann"] * 3
+    assert [line["actor"] for line in lines("console.bulk_approve")] == ["ops-bob"]
+    assert [line["actor"] for line in lines("console.bulk_reject")] == ["ops-bob"]
+    (expiry,) = lines("console.bulk_expire")
+    assert expiry["target"] == f"dismiss request {expired}" and expiry["actor"] is None
+    (finish,) = lines("console.bulk_finish")
+    assert str(approved) in finish["target"]
+    (cancel,) = lines("payment.cancel")
+    assert (cancel["outcome"], cancel["actor"], cancel["target"]) == (
+        "success",
+        "ops-ann",
+        str(pending["id"]),
+    )
+    assert cancel["channel"] == "console" and cancel["reason"] == "customer asked"

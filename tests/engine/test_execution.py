@@ -6,12 +6,18 @@ import logging
 import threading
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from paycron.store.transitions import Claim
+from tests.aio_support import EXECUTORS
 from tests.factories import insert_payment
 from tests.rows import attempts_of as attempts
 from tests.rows import count, event_types, payment
 
 DECLINE, ALWAYS_503 = 40002, 50003
+
+# Every test here runs against the threaded and the async executor.
+pytestmark = pytest.mark.parametrize("executor_kind", EXECUTORS)
 
 
 def test_a_due_payment_is_charged_once_and_completed(engine, conn, gateway):

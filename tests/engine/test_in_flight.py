@@ -5,6 +5,7 @@ scripted gateway over real HTTP and the real Postgres."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures.thread
 import json
 import sys
@@ -19,11 +20,20 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 from paycron.domain.policy import KEY_IN_USE_LOOKUP_AFTER
 from paycron.engine import inflight
 from paycron.engine.execution import Executor
-from paycron.engine.inflight import HEADROOM, Dispatcher, InFlightLimit, Room
+from paycron.engine.inflight import (
+    HEADROOM,
+    AsyncDispatcher,
+    AsyncInFlightLimit,
+    Dispatcher,
+    InFlightLimit,
+    Room,
+)
 from paycron.limits.breaker import CircuitBreaker
+from paycron.processors.card.aio import AsyncCardProcessor
 from paycron.processors.card.client import CardProcessor
 from paycron.store.db import make_pool
 from paycron.store.transitions import claim_due
+from tests.aio_support import EXECUTORS, AsyncFacade
 from tests.factories import insert_payment
 from tests.rows import attempts_of, payment
 
@@ -42,9 +52,24 @@ class RecordingProcessor(CardProcessor):
         return super().charge(request, **kwargs)
 
 
+class RecordingAsyncProcessor(AsyncCardProcessor):
+    """The real async client, noting the timeout each charge was given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.timeouts: list[float | None] = []
+
+    async def charge(self, request, **kwargs):
+        self.timeouts.append(kwargs.get("timeout"))
+        return await super().charge(request, **kwargs)
+
+
 @pytest.fixture
-def make_executor(config, scripted):
+def make_executor(config, scripted, executor_kind):
+    """An executor of ``executor_kind`` (the async one runs on its own loop
+    behind the threaded one's face: tests.aio_support)."""
     made = []
+    facades = []
 
     def make(*, calls=None, clock=None, **kwargs) -> Executor:
         pool = make_pool(config, max_size=2, name="test-in-flight")
@@ -61,9 +86,14 @@ def make_executor(config, scripted):
             **kwargs,
         )
         made.append(executor)
+        if executor_kind == "asyncio":
+            facades.append(AsyncFacade(executor, scripted.url, charger=RecordingAsyncProcessor))
+            return facades[-1]  # type: ignore[return-value]
         return executor
 
     yield make
+    for facade in facades:
+        facade.close()
     for executor in made:
         executor.gateway.close()
         executor.pool.close()
@@ -71,6 +101,10 @@ def make_executor(config, scripted):
             executor.calls.shutdown()
 
 
+both = pytest.mark.parametrize("executor_kind", EXECUTORS)
+
+
+@both
 def test_a_batchs_calls_are_in_flight_together(conn, scripted, make_executor):
     """Ten calls each wait until all ten have arrived: made one after
     another, the first would wait alone and time out."""
@@ -92,6 +126,7 @@ def test_a_batchs_calls_are_in_flight_together(conn, scripted, make_executor):
     assert counts.outcomes == {"SUCCEEDED": 10}
 
 
+@both
 def test_no_call_is_sent_once_its_lease_is_too_short(conn, scripted, make_executor):
     """The clock jumps past the lease between the lease renewal and the
     call: nothing is sent, nothing is charged, no budget is used."""
@@ -107,6 +142,7 @@ def test_no_call_is_sent_once_its_lease_is_too_short(conn, scripted, make_execut
     assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["NOT_SENT"]
 
 
+@both
 def test_a_calls_timeout_is_cut_to_the_lease_left(conn, config, scripted, make_executor):
     scripted.answers[2500] = OK
     insert_payment(conn)
@@ -120,6 +156,7 @@ def test_a_calls_timeout_is_cut_to_the_lease_left(conn, config, scripted, make_e
     assert executor.gateway.timeouts == [config.gateway_timeout_seconds, 1.5]
 
 
+@both
 def test_key_in_use_costs_no_budget_and_is_looked_up_after_ten(conn, scripted, make_executor):
     """An earlier call with this key still runs at the processor: every 409
     is in doubt, spends nothing, and after ten in a row the payment is asked
@@ -146,6 +183,7 @@ def test_key_in_use_costs_no_budget_and_is_looked_up_after_ten(conn, scripted, m
     assert {a["outcome"] for a in attempts_of(conn, row["id"])} == {"KEY_IN_USE"}
 
 
+@both
 @pytest.mark.parametrize("status", ["succeeded", "refunded"])  # a refund is still a charge
 def test_a_key_in_use_then_found_completes(conn, scripted, make_executor, status):
     scripted.answers[2500] = (409, {}, b"{}")
@@ -261,6 +299,7 @@ def test_a_failed_group_frees_its_room_too():
     assert executor.ran == [2] and limit.held == 0
 
 
+@both
 @pytest.mark.parametrize(
     ("found", "status", "reason"),
     [
@@ -387,3 +426,98 @@ def test_a_time_limit_anywhere_in_submit_neither_leaks_nor_double_frees_the_room
         if not interrupt.fired:
             break  # every line of the admission has been interrupted once
     assert at > 5  # the admission was walked, not skipped
+
+
+@both
+def test_no_connection_is_held_across_a_call(conn, scripted, make_executor):
+    """While the processor holds the calls, the executor's pool has every
+    connection back: the lease and IN_FLIGHT were committed before."""
+    held = []
+
+    def answer(_body):
+        stats = executor.pool.get_stats()
+        held.append(stats["pool_size"] - stats["pool_available"])
+        return OK
+
+    scripted.answers[2500] = answer
+    for _ in range(3):
+        insert_payment(conn)
+    executor = make_executor(calls=ThreadPoolExecutor(max_workers=4))
+    counts = executor.execute(claim_due(conn, limit=3, lease_seconds=30))
+    assert counts.outcomes == {"SUCCEEDED": 3}
+    assert held == [0, 0, 0]
+
+
+class _AsyncGroups:
+    """An async executor whose groups run until released."""
+
+    def __init__(self, fail=False):
+        self.fail, self.ran, self.release = fail, [], asyncio.Event()
+
+    async def execute(self, claims, *, probe=False):
+        await self.release.wait()
+        self.ran.append(len(claims))
+        if self.fail:
+            raise RuntimeError("the database went away")
+
+
+def test_the_async_dispatcher_keeps_the_in_flight_bound():
+    """Admitted groups hold their room until they finish; one that does not
+    fit waits (back pressure) and is let in when room opens."""
+
+    async def scenario():
+        groups = _AsyncGroups()
+        limit = AsyncInFlightLimit(rate=5, max_in_flight=5, initial_latency=1.0)
+        dispatcher = AsyncDispatcher(executor=groups, limit=limit)
+        await dispatcher.submit(["a", "b", "c"])
+        await dispatcher.submit(["d", "e"])
+        assert limit.held == 5 and groups.ran == []  # admitted, running
+        third = asyncio.create_task(dispatcher.submit(["f"]))
+        await asyncio.sleep(0.05)
+        assert not third.done() and limit.held == 5  # full: it waits
+        groups.release.set()
+        await asyncio.wait_for(third, 5)
+        while limit.held:
+            await asyncio.sleep(0.01)
+        assert sorted(groups.ran) == [1, 2, 3]
+
+    asyncio.run(scenario())
+
+
+def test_an_async_submit_cancelled_while_it_waits_holds_nothing():
+    """Dramatiq's time limit cancels the actor's coroutine while it waits
+    for room: no room is taken, and a failed group still gives its back."""
+
+    async def scenario():
+        groups = _AsyncGroups(fail=True)
+        limit = AsyncInFlightLimit(rate=2, max_in_flight=2, initial_latency=1.0)
+        dispatcher = AsyncDispatcher(executor=groups, limit=limit)
+        await dispatcher.submit(["a", "b"])
+        waiting = asyncio.create_task(dispatcher.submit(["c"]))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert limit.held == 2 and limit._waiting == 0
+        groups.release.set()
+        while limit.held:
+            await asyncio.sleep(0.01)
+        assert groups.ran == [2]
+
+    asyncio.run(scenario())
+
+
+def test_the_async_limit_lets_a_waiter_in_when_the_size_grows():
+    async def scenario():
+        limit = AsyncInFlightLimit(rate=10, max_in_flight=100, initial_latency=0.2)  # size 3
+        dispatcher = AsyncDispatcher(executor=_AsyncGroups(), limit=limit)
+        await dispatcher.submit(["a", "b", "c"])
+        waiting = asyncio.create_task(dispatcher.submit(["d"]))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        for _ in range(20):
+            limit.observe(2.0)  # the processor slowed down: more in flight
+        await asyncio.wait_for(waiting, 5)
+        assert limit.held == 4
+
+    asyncio.run(scenario())

@@ -68,6 +68,19 @@ def test_an_unknown_payment_method_fails_after_one_call(engine, conn, gateway):
     assert [a["outcome"] for a in attempts_of(conn, row["id"])] == ["REJECTED"]
 
 
+def test_another_customers_method_is_never_charged(engine, conn, gateway):
+    """Whatever was let through at create (PAYMENT_METHOD_CHECK=false, or a
+    method attached after), Stripe refuses the charge: FAILED, not charged."""
+    theirs = gateway.stripe_client().v1.payment_methods.attach(
+        "pm_card_visa", params={"customer": "cus_someone_else"}
+    )
+    row = a_payment(conn, method=theirs.id)
+    engine.drain()
+    done = payment(conn, row["id"])
+    assert (done["status"], done["failure_reason"]) == ("FAILED", "INVALID_REQUEST")
+    assert succeeded(gateway, row) == 0
+
+
 @pytest.mark.parametrize(
     "method,reason,code",
     [

@@ -28,6 +28,7 @@ SMOKE = {
     "api_saturation": ("paycron create at saturation", ("wrk",)),
     "console_pages": (" median ", ()),
     "create_customer": ("creates of each kind", ()),
+    "executor_cpu": ("ms CPU per payment", ()),
     "fairness": ("case smoke", ()),
     "gateway_events_burst": ("applier:", ()),
     "gateway_throughput": ("requests/s", ()),

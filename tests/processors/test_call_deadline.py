@@ -6,6 +6,7 @@ have landed); a lookup cut by it is an error, never an answer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -15,6 +16,7 @@ from paycron.config import STRIPE_API_VERSION
 from paycron.domain.enums import Outcome
 from paycron.domain.processing import ChargeRequest
 from paycron.errors import GatewayError
+from paycron.processors.card.aio import AsyncCardProcessor
 from paycron.processors.card.client import CardProcessor
 from paycron.processors.stripe.client import StripeProcessor
 from tests.support import TricklingServer
@@ -134,3 +136,21 @@ def test_a_trickled_retrieve_at_stripe_is_an_error_by_the_configured_timeout(tri
         assert time.monotonic() - started < WELL_BEFORE_THE_ANSWER
     finally:
         gateway.close()
+
+
+def test_a_trickled_charge_at_the_async_card_processor_ends_by_its_deadline_in_doubt(trickler):
+    """The async executor's client: one deadline around the whole call."""
+    server = trickler(CHARGE)
+
+    async def charge():
+        gateway = AsyncCardProcessor(server.url, timeout=5.0)
+        try:
+            return await gateway.charge(_request(), timeout=CALL_SECONDS)
+        finally:
+            await gateway.close()
+
+    result, seconds = _timed(lambda: asyncio.run(charge()))
+    assert seconds < WELL_BEFORE_THE_ANSWER
+    assert (result.outcome, result.in_doubt) == (Outcome.AMBIGUOUS, True)
+    assert result.error_code == "DeadlineExceeded"
+    assert server.requests == 1 and _hung_up(server)

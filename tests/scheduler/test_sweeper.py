@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from paycron.limits.breaker import BreakerState
+from tests.aio_support import EXECUTORS
 from tests.factories import bulk_insert, insert_payment
 from tests.inprocess import Engine
 from tests.rows import count
@@ -24,14 +25,14 @@ def clock():
 
 
 @pytest.fixture
-def make_engine(config, clock):
+def make_engine(config, clock, executor_kind):
     """make(claim_ahead=None, **config overrides): an in-process engine; no
     worker runs, so claims stay queued: a test of the pace itself lifts
     the queue bound (``claim_ahead``)."""
     engines = []
 
     def make(claim_ahead: int | None = None, **overrides):
-        eng = Engine(config.with_overrides(**overrides), clock=clock)
+        eng = Engine(config.with_overrides(**overrides), clock=clock, executor_kind=executor_kind)
         if claim_ahead is not None:
             eng.sweeper.settings = dataclasses.replace(
                 eng.sweeper.settings, claim_ahead=claim_ahead
@@ -202,6 +203,7 @@ def test_claims_are_shared_across_payers_oldest_first_within_each(make_engine, c
     assert order == expected
 
 
+@pytest.mark.parametrize("executor_kind", EXECUTORS)
 def test_an_open_breaker_claims_nothing_and_workers_release(make_engine, conn, gateway):
     engine = make_engine()
     rows = [insert_payment(conn) for _ in range(3)]
@@ -219,6 +221,7 @@ def test_an_open_breaker_claims_nothing_and_workers_release(make_engine, conn, g
     assert gateway.stats()["charge_requests"] == 0
 
 
+@pytest.mark.parametrize("executor_kind", EXECUTORS)
 def test_half_open_probes_with_exactly_one_claim(make_engine, conn, gateway, clock):
     engines = [make_engine(circuit_open_seconds=30) for _ in range(3)]
     for _ in range(5):
@@ -238,6 +241,7 @@ def test_half_open_probes_with_exactly_one_claim(make_engine, conn, gateway, clo
     assert engines[1].sweeper.run_once().claimed == 4
 
 
+@pytest.mark.parametrize("executor_kind", EXECUTORS)
 def test_a_failed_probe_reopens(make_engine, conn, gateway, clock):
     engine = make_engine(circuit_open_seconds=30)
     insert_payment(conn, amount_minor=50003)
@@ -251,6 +255,7 @@ def test_a_failed_probe_reopens(make_engine, conn, gateway, clock):
     assert engine.breaker.state() is BreakerState.OPEN
 
 
+@pytest.mark.parametrize("executor_kind", EXECUTORS)
 def test_the_breaker_trips_on_retryable_failures_not_on_declines(make_engine, conn, gateway):
     engine = make_engine(circuit_min_calls=4, circuit_failure_ratio=0.5)
     for _ in range(6):

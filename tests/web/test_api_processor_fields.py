@@ -24,10 +24,16 @@ PM, CUS = "pm_card_visa", "cus_Q1w2E3r4T5y6U7"
 
 @pytest.fixture
 def stripe_app(config):
-    """The app as GATEWAY=stripe builds it (no call reaches Stripe here)."""
+    """The app as GATEWAY=stripe builds it, without asking Stripe whose a
+    payment method is: no call reaches Stripe here (that check:
+    tests/web/test_customer_binding.py)."""
     from web import create_app
 
-    app = create_app(config.with_overrides(gateway="stripe", stripe_api_key="sk_test_x"))
+    app = create_app(
+        config.with_overrides(
+            gateway="stripe", stripe_api_key="sk_test_x", payment_method_check=False
+        )
+    )
     yield app
     app.extensions["paycron.pool"].close()
 

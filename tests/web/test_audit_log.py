@@ -118,3 +118,20 @@ def test_the_client_address_comes_from_x_forwarded_for_only_behind_a_trusted_pro
         finally:
             app.extensions["paycron.pool"].close()
         assert audit_lines[-1]["remote_addr"] == expected
+
+
+def test_every_audit_event_kind_is_asserted_by_a_test():
+    """Each event the audit log knows (docs/audit-log.md) is one a test
+    reads back: a new kind comes with its test, or this fails."""
+    from pathlib import Path
+
+    from paycron.observability.audit import EVENTS
+
+    tests = Path(__file__).resolve().parent.parent
+    texts = "\n".join(
+        path.read_text()
+        for path in tests.rglob("test_*.py")
+        if path.resolve() != Path(__file__).resolve()
+    )
+    texts += Path(__file__).read_text().split("def test_every_audit_event_kind")[0]
+    assert [name for name in EVENTS if f'"{name}"' not in texts] == []

@@ -18,6 +18,7 @@ from hypothesis.errors import FlakyStrategyDefinition
 
 from paycron.store.events import Position
 from tests.factories import park
+from web.admin_customers import ListQuery
 from web.events import FeedQuerySchema
 from web.payments import DUE_AT_PATTERN, CreatePaymentSchema, ListQuerySchema
 from web.schemas import PaymentSchema
@@ -234,6 +235,7 @@ def test_a_create_links_to_the_operations_that_take_its_id(client):
 _payment_cursor = ListQuerySchema().fields["cursor"]
 _event_cursor = FeedQuerySchema().fields["after"]
 _endpoint_cursor = EndpointListQuerySchema().fields["cursor"]
+_binding_cursor = ListQuery().fields["cursor"]
 
 schemathesis.openapi.format(
     "payment-cursor",
@@ -250,6 +252,10 @@ schemathesis.openapi.format(
         st.datetimes(min_value=datetime(1970, 1, 1), timezones=st.just(UTC)),
         st.uuids(),
     ),
+)
+schemathesis.openapi.format(
+    "binding-cursor",
+    st.builds(lambda binding_id: _binding_cursor.encode((binding_id,)), st.integers(0, 2**63 - 1)),
 )
 schemathesis.openapi.format(
     "event-cursor",

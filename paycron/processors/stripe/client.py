@@ -363,6 +363,22 @@ class StripeProcessor:
             raise _read_error("retrieve", exc, missing=f"no PaymentIntent {charge_id}") from exc
         return intent_as_charge(intent.to_dict())
 
+    def payment_method_customer(self, payment_method: str, *, timeout: float) -> str | None:
+        """The customer a PaymentMethod is attached to (``GET
+        /v1/payment_methods/{id}``), None while unattached; within ``timeout``."""
+        self._take_token()
+        try:
+            with self._http.timeout(timeout):
+                method = self._client.v1.payment_methods.retrieve(payment_method)
+        except stripe.StripeError as exc:  # connection errors too: unavailability
+            raise _read_error("retrieve", exc, missing="no such PaymentMethod") from exc
+        customer = method.to_dict().get("customer")
+        if isinstance(customer, Mapping):  # expanded
+            customer = customer.get("id")
+        if customer is not None and not isinstance(customer, str):
+            raise GatewayError("Stripe answered a PaymentMethod with an unusable customer")
+        return customer
+
     def refund(self, charge: Charge) -> Refund:
         key = f"refund:{charge.id}"
         self._take_token()

@@ -1,0 +1,171 @@
+"""Executing claimed payments on one event loop per worker process
+(``EXECUTOR=asyncio``; docs/performance.md).
+
+The same unit of work as :class:`~paycron.engine.execution.Executor`, step
+for step: the breaker asked; tokens taken from the shared window before the
+lease; in one statement (the same text) every claim fenced, its lease
+renewed and its ``IN_FLIGHT`` attempt committed; the batch's calls made
+concurrently with no connection held, each only while its lease still
+covers it and each inside one wall-clock deadline (``asyncio.timeout``
+around the whole call); the outcomes recorded in one statement; the
+breaker told. A call in flight costs a task and a socket, not a thread.
+
+What is rare runs on a thread, with the blocking executor it is paired
+with (the same code as ``EXECUTOR=threads``): a payment in doubt or whose
+leases kept expiring (it may be looked up instead of called), a lookup
+before a decision, a release while the breaker is open, a finish that
+Postgres refused whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from paycron.domain.enums import Outcome
+from paycron.domain.processing import CallResult, ChargeRequest
+from paycron.engine.execution import (
+    MIN_SEND_SECONDS,
+    Executor,
+    GroupCounts,
+    charge_request,
+    decide_by_lookup,
+)
+from paycron.limits.aio import AsyncCallLimiter, AsyncCircuitBreaker
+from paycron.limits.breaker import BreakerState
+from paycron.observability import metrics
+from paycron.store import aio as store
+from paycron.store import transitions
+from paycron.store.transitions import Claim, Finished
+
+log = logging.getLogger("paycron.execution")
+
+
+class AsyncCharger(Protocol):
+    name: str
+
+    async def charge(
+        self, request: ChargeRequest, *, timeout: float | None = None
+    ) -> CallResult: ...
+
+
+class AsyncExecutor:
+    """Runs groups of claims on the loop. One per worker process.
+
+    ``blocking``: the threaded executor of the rare paths (its pool small,
+    its gateway the blocking client of the same processor). ``charger``:
+    the processor's async charge; None makes every charge on a thread with
+    the blocking client (a processor without one, e.g. Stripe's SDK).
+    """
+
+    def __init__(
+        self,
+        *,
+        blocking: Executor,
+        pool: store.AsyncPool,
+        breaker: AsyncCircuitBreaker,
+        call_limiter: AsyncCallLimiter | None,
+        charger: AsyncCharger | None,
+        on_latency: Callable[[float], None] | None = None,
+    ):
+        self.blocking = blocking
+        self.config = blocking.config
+        self.pool = pool
+        self.breaker = breaker
+        self.call_limiter = call_limiter
+        self.charger = charger
+        self.on_latency = on_latency
+        self.clock = blocking.clock
+
+    async def execute(self, claims: Sequence[Claim], *, probe: bool = False) -> GroupCounts:
+        counts = GroupCounts(claims=len(claims))
+        state = await self.breaker.state()
+        if state is BreakerState.OPEN or (state is BreakerState.HALF_OPEN and not probe):
+            counts.released = await asyncio.to_thread(
+                transitions.release, self.blocking.pool, claims
+            )
+            metrics.BREAKER_RELEASES.inc(counts.released)
+            return counts
+        done: list[Finished] = []
+        remaining = list(claims)
+        while remaining:
+            # Tokens first, then the lease (as the threaded executor).
+            granted = (
+                await self.call_limiter.acquire_some(len(remaining))
+                if self.call_limiter is not None
+                else len(remaining)
+            )
+            batch, remaining = remaining[:granted], remaining[granted:]
+            done += await self._execute_batch(batch, counts)
+        failures = sum(1 for d in done if d.result.breaker_failure)
+        if probe and counts.calls:
+            await self.breaker.probe_finished(failed=failures > 0)
+        await self.breaker.record(calls=counts.calls, failures=failures)
+        return counts
+
+    async def _execute_batch(self, batch: Sequence[Claim], counts: GroupCounts) -> list[Finished]:
+        config = self.config
+        # Read before the lease is renewed, so the lease ends no earlier.
+        lease_end = self.clock() + config.lease_seconds
+        rows = await store.start(
+            self.pool,
+            batch,
+            lease_seconds=config.lease_seconds,
+            processor=self.blocking.gateway.name,
+        )
+        counts.stale += len(batch) - len(rows)
+        if len(rows) == 1:
+            done = [await self._call(rows[0], lease_end)]
+        else:
+            done = list(await asyncio.gather(*(self._call(row, lease_end) for row in rows)))
+        counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
+        for i, item in enumerate(done):
+            if item.decision.needs_lookup:
+                done[i] = await asyncio.to_thread(self._decide_by_lookup, item)
+                counts.looked_up += 1
+        recorded = await store.finish(
+            self.pool,
+            done,
+            fallback=self.blocking.pool,
+            land_seconds=config.in_flight_bound_seconds,
+            poll_seconds=config.gateway_poll_seconds,
+        )
+        self.blocking._report(done, recorded, counts)
+        return done
+
+    def _decide_by_lookup(self, item: Finished) -> Finished:
+        return decide_by_lookup(self.blocking.gateway, item, now=self.blocking.db_clock.now())
+
+    async def _call(self, row: dict, lease_end: float) -> Finished:
+        if self.blocking.looks_up_first(row):
+            # In doubt, or its leases kept expiring: the blocking path decides
+            # whether to look it up instead, and calls it if not.
+            return await asyncio.to_thread(self.blocking._call, row, lease_end)
+        try:
+            result = await self._send(row, lease_end)
+        except Exception:  # a bug must not lose the group: in doubt, asked again
+            log.exception("gateway call failed unexpectedly for %s", row["id"])
+            result = CallResult(Outcome.AMBIGUOUS, error_code="client_error", in_doubt=True)
+        return self.blocking.decided(row, result)
+
+    async def _send(self, row: dict, lease_end: float) -> CallResult:
+        left = lease_end - self.clock()
+        if left < MIN_SEND_SECONDS:
+            return CallResult(Outcome.NOT_SENT, error_code="lease_too_short")
+        self.blocking.late_by(row)
+        timeout = min(self.config.gateway_timeout_seconds, left)
+        started = time.monotonic()
+        if self.charger is not None:
+            result = await self.charger.charge(charge_request(row), timeout=timeout)
+        else:
+            result = await asyncio.to_thread(
+                self.blocking.gateway.charge, charge_request(row), timeout=timeout
+            )
+        elapsed = time.monotonic() - started
+        self.blocking.called(result, elapsed)
+        if self.on_latency is not None:
+            self.on_latency(elapsed)
+        return result
