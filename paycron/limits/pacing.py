@@ -44,18 +44,33 @@ class ClaimPacer:
             self._take(keys=[self._key], args=[-unused, self.rate, self.capacity])
 
 
+def _sleep(seconds: float) -> None:
+    # ``time.sleep`` looked up at each call, never bound at import: gunicorn's
+    # master imports this module before its gevent worker patches ``time``,
+    # and the unpatched sleep would stop every greenlet of the worker.
+    time.sleep(seconds)
+
+
 class CallLimiter:
-    def __init__(self, client: redis.Redis, config: Config, sleep=time.sleep):
+    def __init__(self, client: redis.Redis, config: Config, sleep=None, clock=time.monotonic):
         self._take = client.register_script(_WINDOW)
         self._key = f"{config.redis_namespace}:pacing:calls"
         self.limit = config.gateway_rate_limit
-        self._sleep = sleep
+        self._sleep = sleep or _sleep
+        self._clock = clock
 
-    def acquire_some(self, want: int) -> int:
+    def acquire_some(self, want: int, *, within: float | None = None) -> int:
         """Block until at least one of ``want`` calls fits in the window;
-        return how many were granted (at most ``want``)."""
+        return how many were granted (at most ``want``). With ``within``
+        (seconds), wait no longer than that: 0 when no call fitted in time."""
+        until = None if within is None else self._clock() + within
         while True:
             granted, wait_ms = self._take(keys=[self._key], args=[want, self.limit])
             if int(granted) > 0:
                 return int(granted)
-            self._sleep(int(wait_ms) / 1000)
+            pause = int(wait_ms) / 1000
+            if until is not None:
+                left = until - self._clock()
+                if left <= pause:
+                    return 0
+            self._sleep(pause)

@@ -41,6 +41,14 @@ class Processor(Protocol):
     def close(self) -> None: ...
 
 
+class TakeToken(Protocol):
+    """Take a token from the shared per-second window of processor calls,
+    waiting for one; with ``within`` (seconds), no longer than that: past it,
+    :class:`~paycron.errors.GatewayError` (nothing was sent)."""
+
+    def __call__(self, within: float | None = None) -> None: ...
+
+
 @runtime_checkable
 class PaymentMethodOwners(Protocol):
     """A processor that can say which customer a payment method belongs to
@@ -51,5 +59,6 @@ class PaymentMethodOwners(Protocol):
         """The customer the method is attached to, or None while it is
         attached to none. Raises :class:`~paycron.errors.ProcessorPaymentMissing`
         when the processor holds no such method, and
-        :class:`~paycron.errors.GatewayError` when it cannot tell (within
-        ``timeout`` seconds)."""
+        :class:`~paycron.errors.GatewayError` when it cannot tell within
+        ``timeout`` seconds: the wait for a call token and the call together
+        end by then."""

@@ -4,14 +4,14 @@ Adding a processor adds a sub-package and one line here."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from types import ModuleType
 
 import redis
 
 from paycron.config import Config
+from paycron.errors import GatewayError
 from paycron.limits.pacing import CallLimiter
-from paycron.processors.base import Processor
+from paycron.processors.base import Processor, TakeToken
 
 log = logging.getLogger("paycron.gateway")
 
@@ -48,15 +48,18 @@ def build_async_charger(config: Config, *, max_connections: int = 64):
     )
 
 
-def _token_taker(limiter: CallLimiter | None) -> Callable[[], None] | None:
+def _token_taker(limiter: CallLimiter | None) -> TakeToken | None:
     if limiter is None:
         return None
 
-    def take() -> None:
+    def take(within: float | None = None) -> None:
         try:
-            limiter.acquire_some(1)
+            granted = limiter.acquire_some(1, within=within)
         except redis.RedisError as exc:  # an operator's lookup must not wait on Redis
             log.warning("call window unavailable (%s): request sent unpaced", type(exc).__name__)
+            return
+        if not granted:
+            raise GatewayError(f"no call fitted in the shared call window within {within:g} s")
 
     return take
 

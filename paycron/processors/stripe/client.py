@@ -16,7 +16,8 @@ it is never logged, and this object's ``repr`` does not show it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Iterator, Mapping
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -43,6 +44,7 @@ from paycron.errors import (
     GatewayRequestRefused,
     ProcessorPaymentMissing,
 )
+from paycron.processors.base import TakeToken
 from paycron.processors.stripe.transport import NotSent, PooledHttpClient
 from paycron.processors.wire import answered_id, error_code_of, processor_id, retry_after
 
@@ -220,7 +222,7 @@ class StripeProcessor:
         api_version: str,
         timeout: float,
         max_connections: int = 64,
-        take_token: Callable[[], None] | None = None,
+        take_token: TakeToken | None = None,
     ):
         self._http = PooledHttpClient(timeout=timeout, max_connections=max_connections)
         self._client = stripe.StripeClient(
@@ -230,7 +232,7 @@ class StripeProcessor:
             max_network_retries=0,
             http_client=self._http,
         )
-        self._take_token = take_token or (lambda: None)
+        self._take_token: TakeToken = take_token or _no_window
         self._base = api_base
 
     @classmethod
@@ -239,7 +241,7 @@ class StripeProcessor:
         config: Config,
         *,
         max_connections: int = 64,
-        take_token: Callable[[], None] | None = None,
+        take_token: TakeToken | None = None,
     ) -> StripeProcessor:
         if not config.stripe_api_key:
             raise ConfigError("STRIPE_API_KEY is not set")
@@ -365,10 +367,15 @@ class StripeProcessor:
 
     def payment_method_customer(self, payment_method: str, *, timeout: float) -> str | None:
         """The customer a PaymentMethod is attached to (``GET
-        /v1/payment_methods/{id}``), None while unattached; within ``timeout``."""
-        self._take_token()
+        /v1/payment_methods/{id}``), None while unattached; within ``timeout``
+        (the wait for a call token included)."""
+        until = time.monotonic() + timeout
+        self._take_token(timeout)
+        left = until - time.monotonic()
+        if left <= 0:
+            raise GatewayError("no time left to ask Stripe whose the payment method is")
         try:
-            with self._http.timeout(timeout):
+            with self._http.timeout(left):
                 method = self._client.v1.payment_methods.retrieve(payment_method)
         except stripe.StripeError as exc:  # connection errors too: unavailability
             raise _read_error("retrieve", exc, missing="no such PaymentMethod") from exc
@@ -423,6 +430,10 @@ class StripeProcessor:
                 )
             )
         return charges
+
+
+def _no_window(within: float | None = None) -> None:
+    """No shared call window: every call is sent at once."""
 
 
 def _read_error(what: str, exc: stripe.StripeError, *, missing: str = "") -> GatewayError:
