@@ -106,10 +106,6 @@ STRIPE_ENGINE = {
     "STRIPE_API_KEY": STRIPE_API_KEY,
     "STRIPE_WEBHOOK_SECRET": STRIPE_WEBHOOK_SECRET,
     "GATEWAY_POLL_SECONDS": "3",
-    # A create's synchronous question to Stripe (whose the payment method is)
-    # meets the stub's injected faults: creates slowed past their due times
-    # and were refused. Not the money path under test here.
-    "PAYMENT_METHOD_CHECK": "false",
 }
 STRIPE_EVENTS = {
     "webhook_loss_rate": 0.25,
