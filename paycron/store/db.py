@@ -21,12 +21,14 @@ import logging
 import os
 import re
 import select
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import TypeAlias
 
 import psycopg
+import psycopg.waiting
 import redis
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.errors import Diagnostic
@@ -125,6 +127,7 @@ def make_pool(
     after 1 s, then 2 s, and after :data:`RECONNECT_SECONDS` starts over
     (:func:`_reconnect_again`), so a primary promoted after a long outage is
     found within about 2 s, not after a backoff that doubles without limit."""
+    _cooperate_with_gevent()
     url = require_database_url(config)
     check = _CheckAll()
     pool: Pool = ConnectionPool(
@@ -143,6 +146,22 @@ def make_pool(
     check.pool = pool
     pool.open(wait=False)
     return pool
+
+
+def _cooperate_with_gevent() -> None:
+    """Under gevent's monkey-patching (gunicorn's gevent worker), wait on
+    Postgres the way the other greenlets can run meanwhile.
+
+    psycopg chooses its wait when first imported, and only sees a patched
+    ``select`` if that import came after the patching. gunicorn's master
+    imports it before forking the worker that patches, so psycopg keeps its
+    C wait, which blocks the whole worker: every request stopped while one
+    waited on Postgres, and a wait for a row another greenlet's transaction
+    held lasted until the statement timeout. psycopg's own choice for a
+    patched process is ``wait_select`` (gevent's ``select``, no fd limit)."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("select"):
+        psycopg.waiting.wait = psycopg.waiting.wait_select
 
 
 class _CheckAll:
@@ -340,6 +359,8 @@ class _Watchdog:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, _Watch]] = []
         self._seq = itertools.count()
+
+    def start(self) -> None:
         threading.Thread(target=self._run, name="paycron-watchdog", daemon=True).start()
 
     def watch(self, conn: Connection, seconds: float) -> _Watch:
@@ -365,17 +386,24 @@ class _Watchdog:
 
 
 _watchdogs: dict[int, _Watchdog] = {}
-_watchdog_lock = threading.Lock()
 
 
 def _watchdog() -> _Watchdog:
-    """This process's watchdog (a forked child starts its own)."""
+    """This process's watchdog (a forked child starts its own).
+
+    No lock: a module-level lock is made when gunicorn's master imports this
+    module, before its gevent worker patches ``threading``, so it stays a
+    real lock; held across the thread's start (where a greenlet yields), a
+    second request's wait for it blocked the whole worker. The dict's
+    ``setdefault`` is atomic, and only the watchdog it keeps is started."""
     pid = os.getpid()
-    if pid not in _watchdogs:
-        with _watchdog_lock:
-            if pid not in _watchdogs:
-                _watchdogs[pid] = _Watchdog()
-    return _watchdogs[pid]
+    watchdog = _watchdogs.get(pid)
+    if watchdog is None:
+        made = _Watchdog()
+        watchdog = _watchdogs.setdefault(pid, made)
+        if watchdog is made:
+            made.start()
+    return watchdog
 
 
 def make_redis(config: Config, *, timeout: float | None = None) -> redis.Redis:
