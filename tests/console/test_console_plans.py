@@ -56,6 +56,8 @@ DUE_FILTERS = {
     "in_doubt": None,
     "processor": None,
 }
+#: A bulk cancel's filters beyond payer and due range, each NULL for any.
+PENDING_FILTERS = {"scan": 1001, "failure_reason": None, "in_doubt": None, "processor": None}
 #: The dead-letters filter's fields.
 LETTER_PAGE = {
     "after_created_at": "-infinity",
@@ -87,6 +89,16 @@ CASES = {
     "payments_due": (
         {**due_bounds(TODAY), **DUE_FILTERS, "status": "FAILED"},
         r"Index Scan using payments_p\d+_pkey",
+    ),
+    # a bulk cancel's preview reads only PENDING rows: either partial index of
+    # them (payments_sweep_idx, payments_fair_idx) holds nothing else
+    "pending_due": (
+        {**due_bounds(TODAY, days=31), **PENDING_FILTERS, "processor": "fake"},
+        r"Index Scan using payments_p\d+_(payer_)?run_at_idx",
+    ),
+    "pending_of_payer": (
+        {**due_bounds(TODAY), **PENDING_FILTERS, "payer": "acme", "in_doubt": False},
+        r"Index Scan using payments_p\d+_payer_run_at_idx",
     ),
     "payments_by_keys": ({"ids": [uuid.uuid4()], "due_ats": [NOW]}, r"payments_p\d+_pkey"),
     "events_of": ({"id": uuid.uuid4(), "limit": 200}, r"payment_events_payment_idx"),

@@ -154,6 +154,19 @@ class PaymentFilter:
             parse_time(self.due_to, "Due to", end_of_day=True),
         )
 
+    def window(self, today: date) -> tuple[datetime, datetime]:
+        """The due stretch a search without a payer reads: the range given,
+        a day from one bound when only one is given, ``today`` when none."""
+        due_from, due_to = self.due_range()
+        if due_from is None and due_to is None:
+            due_from = datetime(today.year, today.month, today.day, tzinfo=UTC)
+        if due_from is None:
+            assert due_to is not None
+            due_from = due_to - timedelta(days=1)
+        if due_to is None:
+            due_to = due_from + timedelta(days=1)
+        return due_from, due_to
+
     @property
     def active(self) -> bool:
         return any(asdict(self).values())

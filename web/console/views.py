@@ -3,8 +3,6 @@ reconciliation, webhooks. Every page but sign-in needs a session."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from flask import current_app, flash, g, redirect, render_template, request, session, url_for
 from psycopg.errors import DataError
 
@@ -12,7 +10,6 @@ from paycron.config import PROCESSORS
 from paycron.domain.enums import Status
 from paycron.domain.ids import parse_payment_id
 from paycron.store import apikeys
-from paycron.store.partitions import day_start
 from web.audit import audit
 from web.console import bp, charts, filters, page_cursor, reads
 from web.console.session import ConsoleRefused, check_csrf, current_operator
@@ -234,13 +231,7 @@ def _payments_page(conn, chosen: filters.PaymentFilter):
         return reads.Page(kept, page.next_cursor)
     if not chosen.active:
         return None
-    if due_from is None and due_to is None:
-        due_from = day_start(_now().date())
-    if due_from is None:
-        assert due_to is not None
-        due_from = due_to - timedelta(days=1)
-    if due_to is None:
-        due_to = due_from + timedelta(days=1)
+    due_from, due_to = chosen.window(_now().date())
     return reads.payments_due(
         conn,
         due_from=due_from,
