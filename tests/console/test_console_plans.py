@@ -205,6 +205,10 @@ def test_payment_queries_touch_only_the_days_they_name(conn):
     assert partitions_planned(
         conn, "payments_by_keys", {"ids": [row["id"]], "due_ats": [row["due_at"]]}
     ) == {partitions.partition_name(future_day)}
+    # a bulk cancel's preview, by due range or by payer within one
+    for name in ("pending_due", "pending_of_payer"):
+        params = {**due_bounds(future_day, days=2), **PENDING_FILTERS, "payer": "alice"}
+        assert partitions_planned(conn, name, params) == two_days, name
     assert partitions_planned(conn, "due_per_minute", CASES["due_per_minute"][0]) <= {
         partitions.partition_name(HOUR_AGO.date()),
         partitions.partition_name(TODAY),
