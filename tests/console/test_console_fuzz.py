@@ -62,6 +62,8 @@ def token_of(client) -> str:
         "/console/dead-letters?parked_before=2026-01-01%00",
         "/console/dead-letters/all/dismiss?parked_before=99999-01-01",
         "/console/bulk/1?cursor=0193a1c2",
+        "/console/payments/all/cancel?status=PENDING&payer=a%00",
+        "/console/payments/all/cancel?status=PENDING&due_from=99999-01-01",
         "/console/history?range=30d",
         "/console/payments.csv?day=9999-12-31",
         "/console/webhooks/0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b?cursor=-1",
@@ -105,6 +107,15 @@ PAGES = {
     ],
     "/console/dead-letters": ["cursor", "reason", "payer", "parked_before", "processor"],
     "/console/dead-letters/all/dismiss": ["reason", "payer", "parked_before", "processor"],
+    "/console/payments/all/cancel": [
+        "payer",
+        "status",
+        "due_from",
+        "due_to",
+        "processor",
+        "failure_reason",
+        "in_doubt",
+    ],
     "/console/bulk/1": ["cursor"],
     "/console/approvals": ["x"],
     "/console/audit": ["cursor"],
@@ -184,6 +195,7 @@ FORMS = [
     ("/console/approvals/1/approve", ["x", "x", "x"]),
     ("/console/approvals/1/reject", ["x", "x", "x"]),
     ("/console/payments/{id}/cancel", ["reason", "x", "x"]),
+    ("/console/payments/all/cancel", ["status", "note", "digest"]),
     ("/console/webhooks/{id}/deliveries/1/replay", ["x"]),
 ]
 
