@@ -133,6 +133,7 @@ CASES = {
             "after_id": uuid.UUID(int=0),
             "count_cap": 1001,
             "limit": 51,
+            "payer": None,
         },
         r"webhook_endpoints_actor_idx(.|\n)*payment_events_feed_idx(.|\n)*"
         r"webhook_deliveries_pkey",
@@ -263,6 +264,19 @@ def test_a_payer_and_a_reason_ride_one_of_their_indexes(conn):
     text = plan(conn, "open_letters_of_payer", params)
     assert "Seq Scan" not in text and "Sort" not in text, text
     assert re.search(r"Index Scan using dead_letters_open_(payer|reason)_idx", text), text
+
+
+def test_a_webhooks_payer_rides_the_endpoints_index(conn):
+    params = {**CASES["webhook_backlog_page"][0], "payer": "acme"}
+    text = plan(conn, "webhook_backlog_page", params)
+    assert "Seq Scan" not in text, text
+    # the payer is the index's leading column: only their endpoints are read
+    # (and sorted on the id the index lacks), then cut to the page
+    assert re.search(
+        r"Index Scan using webhook_endpoints_actor_idx on webhook_endpoints\s+"
+        r"Index Cond: \(.*\(actor = 'acme'::text\)\)",
+        text,
+    ), text
 
 
 def test_filtered_reconciliation_runs_ride_an_index(conn):

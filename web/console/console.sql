@@ -167,12 +167,14 @@ LIMIT %(limit)s;
 -- went so far, and the endpoint's latest answer to any event (the newest
 -- delivery by the primary key, so an endpoint that is caught up still shows
 -- how its last delivery went). The page is cut before the backlog is looked
--- at, so only its endpoints are.
+-- at, so only its endpoints are. A payer (%(payer)s, NULL for any) is an
+-- equality on the same index's leading column.
 WITH page AS (
     SELECT id, actor, url, created_at, next_attempt_at, lease_until, cursor_txid,
            cursor_event_id, created_snapshot
     FROM webhook_endpoints
     WHERE deleted_at IS NULL
+      AND (%(payer)s::text IS NULL OR actor = %(payer)s)
       AND (actor, created_at, id) > (%(after_actor)s, %(after_created_at)s, %(after_id)s)
     ORDER BY actor, created_at, id
     LIMIT %(limit)s

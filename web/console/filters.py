@@ -209,3 +209,30 @@ class RunFilter:
 
     def args(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v}
+
+
+#: The Webhooks page's "Only" choices: endpoints with events waiting, or
+#: whose oldest waiting event was tried and not delivered.
+WEBHOOK_ONLY = ("backlog", "failing")
+
+
+@dataclass(frozen=True)
+class WebhookFilter:
+    """Live webhook endpoints by payer, and only those with a backlog or failing."""
+
+    payer: str | None = None
+    only: str | None = None  # "backlog", "failing" or None
+
+    @classmethod
+    def from_args(cls, args: MultiDict) -> WebhookFilter:
+        return cls(payer=_payer(args), only=_choice(args, "only", WEBHOOK_ONLY, "Only"))
+
+    @property
+    def active(self) -> bool:
+        return any(asdict(self).values())
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.args().items())
+
+    def args(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v}

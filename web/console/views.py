@@ -320,19 +320,24 @@ def reconciliation_run(run_id: int):
 
 @bp.get("/webhooks")
 def webhooks():
+    chosen = filters.WebhookFilter.from_args(request.args)
     try:
         with _pool().connection() as conn:
-            endpoints = reads.webhook_backlog(conn, cursor=page_cursor())
+            endpoints = reads.webhook_backlog(
+                conn, cursor=page_cursor(), payer=chosen.payer, only=chosen.only
+            )
     except ValueError:
         _bad("A bad page cursor.")
     payers: dict[str, list[dict]] = {}
     for row in endpoints.rows:
         payers.setdefault(row["actor"], []).append(row)
-    _read("webhook endpoints")
+    _read(" ".join(["webhook endpoints", chosen.describe()]).strip())
     return render_template(
         "console/webhooks.html",
+        query=chosen,
         endpoints=endpoints,
         payers=payers,
         cap=reads.BACKLOG_CAP,
+        page_size=reads.PAGE,
         now=_now(),
     )
