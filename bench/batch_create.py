@@ -262,6 +262,7 @@ def main() -> None:
         }
         floor = copy_floor(url, args.copy_rows, args.batch_size, instant - timedelta(hours=1))
         web = Server("web", "web:create_app()", env, workers=5, threads=4, logdir=workdir)
+        server_args = web.args
         try:
             wrk = Wrk(token, workdir)
             wrk.run(web.url, seconds=min(3.0, args.single_seconds), connections=8)  # warm-up
@@ -290,7 +291,7 @@ def main() -> None:
         f"machine: {os.cpu_count()} cores, load average {load_before[0]:.1f} before the run, "
         f"{os.getloadavg()[0]:.1f} after (shared with other work: figures vary with it)"
     )
-    print("server: the Procfile's web (gunicorn gthread, 5 workers x 4 threads, keep-alive 0)")
+    print(f"server: the Procfile's web: {' '.join(server_args)}")
     print(
         f"COPY floor (one client, no HTTP)    : {floor:8.0f} payments/s  ({args.copy_rows} "
         f"payments + keys + events, {args.batch_size} per transaction)"

@@ -14,10 +14,10 @@ runs. Then rolls up the history (``history_minutes``: the 8 days' backfill,
 then a steady run) and times each console page through the Flask test
 client, signed in, after a warm-up (the filtered lists, the bulk preview,
 approvals and audit, the History page in its three ranges, an endpoint's
-deliveries, a payer's CSV export at its 10,000-row cap); the overview's
-read is timed uncached. Prints each page's median and p95 in milliseconds,
-the roller's runs, then the time to request and run a bulk dismiss of one
-payer's dead letters.
+deliveries, a payer's CSV export at its 10,000-row cap, two filtered
+exports of a week's due range); the overview's read is timed uncached.
+Prints each page's median and p95 in milliseconds, the roller's runs, then
+the time to request and run a bulk dismiss of one payer's dead letters.
 """
 
 from __future__ import annotations
@@ -267,6 +267,13 @@ def run(payments: int, requests: int) -> None:
                 "history, 7 d": "/console/history?range=7d",
                 "endpoint deliveries": f"/console/webhooks/{seeded['endpoint']}",
                 "CSV, payer (10k cap)": f"/console/payments.csv?payer={PAYER}",
+                "CSV, due 7 days, FAILED": (
+                    f"/console/payments.csv?due_from={week_ago}&due_to={today}&status=FAILED"
+                ),
+                "CSV, due 7 days, in doubt": (
+                    f"/console/payments.csv?due_from={week_ago}&due_to={today}"
+                    "&in_doubt=yes&processor=fake"
+                ),
             }
             results = {name: timed(client, path, requests) for name, path in pages.items()}
             pool, breaker_state = app.extensions["paycron.pool"], (lambda: "closed")

@@ -61,6 +61,8 @@ def token_of(client) -> str:
         "/console/payments?payer=acme&cursor=x_y",
         "/console/payments?due_from=2026-01-01T10:00%2B99:00",
         "/console/payments?due_to=9999-12-31",
+        "/console/payments?due_from=9999-12-31",
+        "/console/payments?day=1999-12-31",
         "/console/dead-letters?parked_before=2026-01-01%00",
         "/console/dead-letters/all/dismiss?parked_before=99999-01-01",
         "/console/bulk/1?cursor=0193a1c2",
@@ -128,7 +130,18 @@ PAGES = {
     "/console/sign-in": ["next"],
     "/console/": ["x"],
     "/console/history": ["range", "x"],
-    "/console/payments.csv": ["payer", "status", "day", "cursor"],
+    "/console/payments.csv": [
+        "id",
+        "payer",
+        "status",
+        "day",
+        "cursor",
+        "due_from",
+        "due_to",
+        "processor",
+        "failure_reason",
+        "in_doubt",
+    ],
     "/console/webhooks/0193a1c2-7d1e-7c4b-9a55-0c1d2e3f4a5b": ["cursor"],
 }
 

@@ -345,36 +345,112 @@ def test_the_export_has_a_header_and_every_matching_row(signed_in, conn):
     assert "attachment" in answer.headers["Content-Disposition"]
 
 
-def test_the_export_follows_the_lists_filters(signed_in, conn):
-    day = (datetime.now(UTC) + timedelta(days=2)).replace(hour=3, minute=0, second=0)
-    failed = insert_payment(conn, due_at=day, status="FAILED")
-    insert_payment(conn, due_at=day + timedelta(minutes=1))
-    got = read_csv(
-        signed_in.get(
-            "/console/payments.csv",
-            query_string={"status": "FAILED", "day": day.date().isoformat()},
-        )
-    )
-    assert [r["id"] for r in got] == [str(failed["id"])]
-    everything = read_csv(
-        signed_in.get("/console/payments.csv", query_string={"day": day.date().isoformat()})
-    )
-    assert len(everything) == 2
+def shown_on_the_list(client, query: dict, rows: list[dict]) -> set[str]:
+    html = client.get("/console/payments", query_string=query).get_data(as_text=True)
+    return {str(r["id"]) for r in rows if str(r["id"]) in html}
 
 
-def test_the_export_is_capped(signed_in, conn, monkeypatch):
+def test_the_export_holds_every_match_of_the_lists_filter(signed_in, conn, monkeypatch):
+    from web.console import export
+
+    monkeypatch.setattr(export, "CSV_CHUNK", 2)  # several chunks: each cursor followed
+    start = (datetime.now(UTC) + timedelta(days=1)).replace(
+        hour=2, minute=0, second=0, microsecond=0
+    )
+    matching = [
+        insert_payment(conn, due_at=start + timedelta(hours=h), status="FAILED", in_doubt=True)
+        for h in (0, 1, 3, 5, 25)  # over both days of the range
+    ]
+    others = [  # each misses the filter by one field
+        insert_payment(conn, due_at=start + timedelta(hours=2), status="FAILED"),
+        insert_payment(conn, due_at=start + timedelta(hours=4), status="PROCESSING", in_doubt=True),
+        insert_payment(conn, due_at=start - timedelta(hours=3), status="FAILED", in_doubt=True),
+        insert_payment(conn, due_at=start + timedelta(days=2), status="FAILED", in_doubt=True),
+    ]
+    query = {
+        "due_from": start.date().isoformat(),
+        "due_to": (start + timedelta(days=1)).date().isoformat(),
+        "status": "FAILED",
+        "in_doubt": "yes",
+    }
+    got = read_csv(signed_in.get("/console/payments.csv", query_string=query))
+    # every match, in due order, once; nothing else
+    assert [r["id"] for r in got] == [str(r["id"]) for r in matching]
+    assert {r["in_doubt"] for r in got} == {"true"} and {r["status"] for r in got} == {"FAILED"}
+    # the list shows the same payments
+    assert shown_on_the_list(signed_in, query, matching + others) == {r["id"] for r in got}
+    # narrower: a processor and a failure reason; the list's `?day=` links too
+    declined = insert_payment(
+        conn, due_at=start + timedelta(hours=6), status="FAILED", processor="stripe"
+    )
+    narrower = {"due_from": start.date().isoformat(), "processor": "stripe"}
+    got = read_csv(signed_in.get("/console/payments.csv", query_string=narrower))
+    assert [r["id"] for r in got] == [str(declined["id"])]
+    assert shown_on_the_list(signed_in, narrower, [*matching, *others, declined]) == {
+        str(declined["id"])
+    }
+    day = {"day": start.date().isoformat(), "failure_reason": "DECLINED", "in_doubt": "no"}
+    got = read_csv(signed_in.get("/console/payments.csv", query_string=day))
+    assert [r["id"] for r in got] == [str(others[0]["id"]), str(declined["id"])]
+
+
+def test_a_payers_export_narrows_by_the_other_fields_too(signed_in, conn, monkeypatch):
+    from web.console import export
+
+    monkeypatch.setattr(export, "CSV_CHUNK", 2)
+    rows = payer_rows(conn, "acme", 5)  # due in 1..5 hours
+    conn.execute(
+        "UPDATE payments SET in_doubt = true WHERE id = ANY(%s)", ([r["id"] for r in rows[1:4]],)
+    )
+    query = {
+        "payer": "acme",
+        "in_doubt": "yes",
+        "due_to": (rows[2]["due_at"] + timedelta(minutes=1)).isoformat(timespec="minutes"),
+    }
+    got = read_csv(signed_in.get("/console/payments.csv", query_string=query))
+    assert [r["id"] for r in got] == [str(rows[2]["id"]), str(rows[1]["id"])]  # newest first
+    assert shown_on_the_list(signed_in, query, rows) == {r["id"] for r in got}
+
+
+@pytest.mark.parametrize("by", ["payer", "due range"])
+def test_the_export_is_capped(signed_in, conn, monkeypatch, by):
     from web.console import export
 
     monkeypatch.setattr(export, "CSV_MAX_ROWS", 3)
     monkeypatch.setattr(export, "CSV_CHUNK", 2)  # and read in chunks
-    payer_rows(conn, "acme", 5)
-    assert len(read_csv(signed_in.get("/console/payments.csv?payer=acme"))) == 3
+    rows = payer_rows(conn, "acme", 5)
+    query = (
+        "payer=acme"
+        if by == "payer"
+        else f"due_from={rows[0]['due_at'].date()}&due_to={rows[-1]['due_at'].date()}"
+    )
+    assert len(read_csv(signed_in.get(f"/console/payments.csv?{query}"))) == 3
 
 
 @pytest.mark.parametrize(
-    "query", ["", "status=NOPE", "day=2026-02-30", "day=x", "payer=a%00", "status=FAILED&day=1"]
+    "query",
+    [
+        "",
+        "in_doubt=any",
+        "status=NOPE",
+        "day=2026-02-30",
+        "day=x",
+        "payer=a%00",
+        "status=FAILED&day=1",
+        "payer=" + "x" * 201,
+        "due_from=2026-01-05&due_to=2026-01-01",
+        "due_from=2026-01-01&due_to=2026-03-01",
+        "due_from=31-12-2026",
+        "due_to=9999-12-31",
+        "due_from=9999-12-31",
+        "payer=acme&due_from=9999-12-31",
+        "in_doubt=maybe",
+        "processor=paypal",
+        "failure_reason=BROKE",
+        "id=nope",
+    ],
 )
-def test_a_bad_export_is_a_400(signed_in, query):
+def test_an_export_the_list_refuses_is_a_400(signed_in, query):
     assert signed_in.get(f"/console/payments.csv?{query}").status_code == 400
 
 

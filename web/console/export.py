@@ -1,26 +1,24 @@
 """The payments list as CSV (docs/console.md, "Payments CSV export"):
-the list's own query string and queries, streamed a chunk at a time, at
-most :data:`CSV_MAX_ROWS` rows."""
+the list's own filter (``filters.PaymentFilter``) and pages
+(``views.payments_page``), streamed a chunk at a time, at most
+:data:`CSV_MAX_ROWS` rows."""
 
 from __future__ import annotations
 
 import csv
 import io
 import itertools
-import uuid
 from collections.abc import Iterator
-from datetime import UTC, date, timedelta
+from datetime import UTC, date
 from typing import NoReturn
 
 from flask import Response, current_app, request, stream_with_context
 
 from paycron.domain.money import exponent
-from paycron.store import payments
-from paycron.store.partitions import day_start
 from web.audit import audit
-from web.console import bp, reads
+from web.console import bp, filters
 from web.console.session import ConsoleRefused
-from web.console.views import statuses
+from web.console.views import payments_page, statuses
 
 #: An export stops after this many rows: a filter narrows a bigger one.
 CSV_MAX_ROWS = 10_000
@@ -64,50 +62,27 @@ def _line(values) -> str:
     return out.getvalue()
 
 
-def _chunks_of_payer(payer: str, status: str | None) -> Iterator[list[dict]]:
+def _chunks(chosen: filters.PaymentFilter, today: date) -> Iterator[list[dict]]:
+    """Every match of the list's filter from its start: the list's own pages
+    (:func:`web.console.views.payments_page`), ``CSV_CHUNK`` rows a round
+    trip, each cursor followed until there is none."""
     pool = current_app.extensions["paycron.pool"]
-    after = None
+    cursor = None
     while True:
         with pool.connection() as conn:
-            rows, after = payments.list_payments(
-                conn, actor=payer, status=status, limit=CSV_CHUNK, after=after
-            )
-        yield rows
-        if after is None:
+            page = payments_page(conn, chosen, today=today, cursor=cursor, limit=CSV_CHUNK)
+        assert page is not None  # an active filter always reads
+        yield page.rows
+        if page.next_cursor is None:
             return
-
-
-def _chunks_of_day(day: date, status: str | None) -> Iterator[list[dict]]:
-    """The day in due order, a stretch of ids at a time (the list's own
-    query, every match of a stretch returned)."""
-    pool = current_app.extensions["paycron.pool"]
-    after, scan = uuid.UUID(int=0), CSV_CHUNK * 4 if status else CSV_CHUNK
-    while True:
-        with pool.connection() as conn:
-            rows = conn.execute(
-                reads.QUERIES["payments_of_day"],
-                {
-                    "day_from": day_start(day),
-                    "day_to": day_start(day + timedelta(days=1)),
-                    "after": after,
-                    "scan": scan,
-                    "limit": scan,
-                    "status": status,
-                },
-            ).fetchall()
-        yield [row for row in rows if row["id"] is not None]
-        if rows[0]["scanned"] < scan:
-            return
-        after = rows[0]["last_id"]
+        cursor = page.next_cursor
 
 
 def _stream(chunks: Iterator[list[dict]]) -> Iterator[str]:
     yield _line(CSV_COLUMNS)
     sent = 0
     for rows in chunks:
-        for p in rows:
-            if sent >= CSV_MAX_ROWS:
-                return
+        for p in rows[: CSV_MAX_ROWS - sent]:
             yield _line(
                 [
                     p["id"],
@@ -125,37 +100,33 @@ def _stream(chunks: Iterator[list[dict]]) -> Iterator[str]:
                 ]
             )
             sent += 1
+        if sent >= CSV_MAX_ROWS:
+            return  # before reading another chunk
 
 
 @bp.get("/payments.csv")
 def payments_csv():
-    """The payments list as its query string filters it (payer, status,
-    day), as CSV, streamed, at most :data:`CSV_MAX_ROWS` rows."""
-    args = request.args
-    payer = args.get("payer", "").strip()
-    status = args.get("status", "").strip() or None
-    day_text = args.get("day", "").strip()
-    if status is not None and status not in statuses():
-        _bad(f"No such status: {status}.")
-    if not (payer or status or day_text):
-        _bad("Choose a payer, a status or a day to export.")
-    chunks: Iterator[list[dict]]
-    if payer:
-        chunks, shown = _chunks_of_payer(payer, status), f"payer={payer}"
-    else:
-        try:
-            day = date.fromisoformat(day_text) if day_text else _now().date()
-            day_start(day + timedelta(days=1))  # a day with a next one (not 9999-12-31)
-        except (ValueError, OverflowError):
-            _bad("A bad day (use YYYY-MM-DD).")
-        chunks, shown = _chunks_of_day(day, status), f"day={day.isoformat()}"
+    """The payments list's filter (its own fields, parsed and checked as the
+    list does) as CSV, every match from the start (a ``cursor`` is the
+    list's page, not the export's), streamed, at most
+    :data:`CSV_MAX_ROWS` rows."""
+    if request.args.get("id", "").strip():
+        _bad("A payment id opens that payment's page; export a filter instead.")
+    chosen = filters.PaymentFilter.from_args(request.args, statuses=statuses())
+    if not chosen.active:
+        _bad("Choose a filter to export (a payer, a status, a due range, …).")
+    # One day for the whole download: "today" does not move at midnight.
+    chunks = _chunks(chosen, _now().date())
     # The first chunk is read now: a database's refusal is this request's
     # answer (a 400), not a download cut short.
     first = next(chunks)
 
-    if status:
-        shown += f" status={status}"
-    audit("console.read", "success", target=f"payments export {shown}", channel="console")
+    audit(
+        "console.read",
+        "success",
+        target=f"payments export {chosen.describe()}",
+        channel="console",
+    )
     return Response(
         stream_with_context(_stream(itertools.chain([first], chunks))),
         mimetype="text/csv",

@@ -52,16 +52,19 @@ def parse_time(text: str, label: str, *, end_of_day: bool = False) -> datetime |
     try:
         if len(text) == 10:
             day = date.fromisoformat(text)
-            start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-            return start + timedelta(days=1) if end_of_day else start
-        value = datetime.fromisoformat(text)
+            value = datetime(day.year, day.month, day.day, tzinfo=UTC)
+        else:
+            value = datetime.fromisoformat(text)
     except (ValueError, OverflowError):
         _bad(f"{label}: use a date (YYYY-MM-DD) or a time (YYYY-MM-DDTHH:MM, UTC).")
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
+    # A date or a time alike, so a day's arithmetic (a whole day, a range's
+    # other end) never leaves the calendar.
     if not 2000 <= value.astimezone(UTC).year <= 9000:
         _bad(f"{label}: out of range.")
-    return value.astimezone(UTC)
+    value = value.astimezone(UTC)
+    return value + timedelta(days=1) if len(text) == 10 and end_of_day else value
 
 
 def _query(values: dict) -> str:

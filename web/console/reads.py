@@ -135,16 +135,23 @@ class Page:
 
 
 def payments_of_payer(
-    conn: Connection, *, payer: str, status: str | None, cursor: str | None
+    conn: Connection,
+    *,
+    payer: str,
+    status: str | None,
+    cursor: str | None,
+    limit: int | None = None,
 ) -> Page:
-    """A payer's payments, newest first: the API's own list (it rides
-    ``idempotency_keys_list_idx``, a status filter reads a bounded stretch)."""
+    """A payer's payments, newest first, ``limit`` (a :data:`PAGE`) at most:
+    the API's own list (it rides ``idempotency_keys_list_idx``, a status
+    filter reads a bounded stretch)."""
+    limit = limit or PAGE
     after = None
     if cursor:
         created_at, _, payment_id = cursor.partition("_")
         after = (_aware(created_at), uuid.UUID(payment_id))
     rows, next_key = payments.list_payments(
-        conn, actor=payer, status=status, limit=PAGE, after=after
+        conn, actor=payer, status=status, limit=limit, after=after
     )
     return Page(rows, None if next_key is None else f"{next_key[0].isoformat()}_{next_key[1]}")
 
@@ -170,12 +177,15 @@ def payments_due(
     in_doubt: bool | None = None,
     processor: str | None = None,
     cursor: str | None = None,
+    limit: int | None = None,
 ) -> Page:
-    """Payments due in [due_from, due_to) in due order, matches among at
-    most ``DAY_SCAN`` rows read (all rows read, without a filter)."""
+    """Payments due in [due_from, due_to) in due order, at most ``limit`` (a
+    :data:`PAGE`): the matches among at most ``DAY_SCAN`` rows read
+    (``limit`` rows, when that is more; all rows read, without a filter)."""
+    limit = limit or PAGE
     after = uuid.UUID(cursor) if cursor else _START_ID
     filtered = any(v is not None for v in (status, failure_reason, in_doubt, processor))
-    scan = DAY_SCAN if filtered else PAGE
+    scan = max(DAY_SCAN, limit) if filtered else limit
     rows = conn.execute(
         QUERIES["payments_due"],
         {
@@ -183,7 +193,7 @@ def payments_due(
             "due_to": due_to,
             "after": after,
             "scan": scan,
-            "limit": PAGE,
+            "limit": limit,
             "status": status,
             "failure_reason": failure_reason,
             "in_doubt": in_doubt,
@@ -192,7 +202,7 @@ def payments_due(
     ).fetchall()
     scanned, last_read = rows[0]["scanned"], rows[0]["last_id"]
     found = [row for row in rows if row["id"] is not None]
-    if len(found) == PAGE and found[-1]["id"] != last_read:
+    if len(found) == limit and found[-1]["id"] != last_read:
         next_cursor = str(found[-1]["id"])  # more matched than fit: go on from the last shown
     elif scanned == scan:
         next_cursor = str(last_read)  # the range goes on past what was read

@@ -3,6 +3,8 @@ reconciliation, webhooks. Every page but sign-in needs a session."""
 
 from __future__ import annotations
 
+from datetime import date
+
 from flask import current_app, flash, g, redirect, render_template, request, session, url_for
 from psycopg.errors import DataError
 
@@ -195,7 +197,7 @@ def payments():
     page = None
     try:
         with _pool().connection() as conn:
-            page = _payments_page(conn, chosen)
+            page = payments_page(conn, chosen, today=_now().date(), cursor=page_cursor())
     except ValueError:
         _bad("A bad page cursor.")
     if page is not None:
@@ -211,13 +213,24 @@ def payments():
     )
 
 
-def _payments_page(conn, chosen: filters.PaymentFilter):
-    """A payer's payments (the API's own list, newest first), else a due
-    range's (today's when none is given) in due order."""
+def payments_page(
+    conn,
+    chosen: filters.PaymentFilter,
+    *,
+    today: date,
+    cursor: str | None,
+    limit: int | None = None,
+) -> reads.Page | None:
+    """A page (``limit`` rows, a list's page when None) of what ``chosen``
+    matches, from ``cursor`` (None: the start): a payer's payments (the
+    API's own list, newest first), else a due range's (``today``'s when
+    none is given) in due order; None when nothing is chosen. The payments
+    list and its CSV export both read through here, so an export holds what
+    the list shows. A bad cursor is a ValueError."""
     due_from, due_to = chosen.due_range()
     if chosen.payer:
         page = reads.payments_of_payer(
-            conn, payer=chosen.payer, status=chosen.status, cursor=page_cursor()
+            conn, payer=chosen.payer, status=chosen.status, cursor=cursor, limit=limit
         )
         kept = [
             row
@@ -231,7 +244,7 @@ def _payments_page(conn, chosen: filters.PaymentFilter):
         return reads.Page(kept, page.next_cursor)
     if not chosen.active:
         return None
-    due_from, due_to = chosen.window(_now().date())
+    due_from, due_to = chosen.window(today)
     return reads.payments_due(
         conn,
         due_from=due_from,
@@ -240,7 +253,8 @@ def _payments_page(conn, chosen: filters.PaymentFilter):
         failure_reason=chosen.failure_reason,
         in_doubt=chosen.doubt,
         processor=chosen.processor,
-        cursor=page_cursor(),
+        cursor=cursor,
+        limit=limit,
     )
 
 
