@@ -757,3 +757,33 @@ def test_a_bulk_cancel_writes_audit_rows_and_lines(ann, console, conn, audit_lin
     assert cancels[str(won["id"])]["reason"] == f"bulk request {request_id}: merchant closed"
     assert cancels[str(lost["id"])]["outcome"] == "refused"
     assert cancels[str(lost["id"])]["reason"].startswith("409 OUTCOME_IN_DOUBT")
+
+
+def test_a_bulk_cancel_reads_no_day_below_the_live_bound(conn):
+    """A PENDING payment is due at or after the live bound, so the preview
+    never plans the settled days below it (a payer alone would plan every day)."""
+    from werkzeug.datastructures import MultiDict
+
+    from paycron.store import partitions
+    from web.console import bulk, filters
+
+    pending = insert_payment(conn, payer="acme", due_at=datetime.now(UTC) + SOON)
+    bound = partitions.day_start(datetime.now(UTC).date() - timedelta(days=2))
+    sent = []
+
+    class Recording:
+        def execute(self, sql, params=None, **kwargs):
+            sent.append(params)
+            return conn.execute(sql, params, **kwargs)
+
+    chosen = filters.PaymentFilter.from_args(
+        MultiDict({"payer": "acme", "status": "PENDING"}), statuses=["PENDING"]
+    )
+    conn.execute("UPDATE live_bound SET due_from = %s", (bound,))
+    try:
+        selection = bulk.select_pending(Recording(), chosen, cap=5, today=datetime.now(UTC).date())
+    finally:  # back to the always-safe value other tests expect
+        conn.execute("UPDATE live_bound SET due_from = '0001-01-01 00:00:00+00'")
+    assert [r["payment_id"] for r in selection.rows] == [pending["id"]]
+    (params,) = [p for p in sent if p and "payer" in p]
+    assert (params["due_from"], params["due_to"]) == (bound, "infinity")

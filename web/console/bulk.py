@@ -24,6 +24,7 @@ from paycron.domain.ids import parse_payment_id
 from paycron.engine import console_bulk
 from paycron.engine.console_bulk import LABELS, BulkRefused, Selection
 from paycron.sql import q
+from paycron.store import partitions
 from paycron.store.payments import get_payment
 from web.audit import audit
 from web.console import bp, filters, page_cursor, reads
@@ -117,13 +118,17 @@ def select_pending(conn, chosen: filters.PaymentFilter, *, cap: int, today: date
     else:
         due_from, due_to = chosen.window(today)
         name = "pending_due"
+    # A PENDING payment is due at or after the live bound: the settled days
+    # below it are not planned (a payer without a due range would plan them all).
+    live_from = partitions.live_bound(conn)
+    due_from = live_from if due_from is None else max(due_from, live_from)
     narrowed = any(v is not None for v in (chosen.failure_reason, chosen.doubt, chosen.processor))
     scan = SCAN_FACTOR * cap if narrowed else cap + 1
     found = conn.execute(
         reads.QUERIES[name],
         {
             "payer": chosen.payer,
-            "due_from": due_from or "-infinity",
+            "due_from": due_from,
             "due_to": due_to or "infinity",
             "scan": scan,
             "failure_reason": chosen.failure_reason,
