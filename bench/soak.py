@@ -6,9 +6,14 @@ the machine's shared ones), the fake gateway mixing declines, 5xx, timeouts,
 Dramatiq worker processes. Payments are created through the API, due over a
 window; while they fall due the harness SIGKILLs workers (calls in flight)
 and schedulers, restarts Redis empty, restarts Postgres with an immediate
-shutdown, and cancels payments close to their due time. Then it lets the
-system drain, runs the reconciliation, and checks the promises against the
-gateway's ledger and the database. Exit status 1 on any violation.
+shutdown, and cancels payments close to their due time. Throughout, the
+schedulers reach Redis through a relay that loses the reply of some enqueues
+(the message was queued, the sweeper's enqueue raises), a harness thread
+delivers copies of some messages a second time, and an operator re-drives
+the open dead letters from a process configured for the other processor
+(bench/soak_faults.py). Then it lets the system drain, re-drives once more
+from that process, runs the reconciliation, and checks the promises against
+the gateway's ledger and the database. Exit status 1 on any violation.
 
     python -m bench.soak --short        # CI: a few hundred payments, a handful of each fault
     python -m bench.soak                # full: 5,000 payments, 100+ kills, 3 Redis losses,
@@ -23,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +39,7 @@ import httpx
 
 from bench.harness import UNLIMITED_API, parse_args
 from bench.servers import PrivatePostgres, PrivateRedis
+from bench.soak_faults import LossyRedisRelay, MessageDuplicator
 from devtools.fake_gateway import (
     STRIPE_API_KEY,
     STRIPE_WEBHOOK_SECRET,
@@ -74,6 +81,10 @@ ENGINE = {
     "MAX_LEASE_EXPIRIES": "5",
     "MESSAGE_GROUP_SIZE": "4",
     "DB_POOL_MAX": "8",
+    # The fake settles within seconds: a lookup's "none" is conclusive 16 s
+    # after a payment's last call, so a parked payment's letter can be
+    # re-driven (and a re-drive that asked the wrong processor would act).
+    "GATEWAY_SETTLE_MARGIN_SECONDS": "5",
 }
 FAULTS = {
     "decline_rate": 0.03,
@@ -95,6 +106,10 @@ STRIPE_ENGINE = {
     "STRIPE_API_KEY": STRIPE_API_KEY,
     "STRIPE_WEBHOOK_SECRET": STRIPE_WEBHOOK_SECRET,
     "GATEWAY_POLL_SECONDS": "3",
+    # A create's synchronous question to Stripe (whose the payment method is)
+    # meets the stub's injected faults: creates slowed past their due times
+    # and were refused. Not the money path under test here.
+    "PAYMENT_METHOD_CHECK": "false",
 }
 STRIPE_EVENTS = {
     "webhook_loss_rate": 0.25,
@@ -104,6 +119,14 @@ STRIPE_EVENTS = {
     "enabled_events": ["payment_intent.succeeded", "payment_intent.payment_failed"],
 }
 STRIPE_SETTLE_SECONDS = 2.0
+#: The schedulers' enqueues whose reply the relay loses after Redis ran them:
+#: about eight of a short run's ~270 (each failed sweep hands its batch back).
+ENQUEUE_LOSS_RATE = 0.03
+#: The messages seen in the queue that are delivered a second time: a couple
+#: of dozen in a short run.
+DUPLICATE_RATE = 0.1
+#: The actor of the admin key the other processor's process re-drives with.
+OTHER_ACTOR = "soak-other-processor"
 
 
 @dataclass
@@ -117,6 +140,7 @@ class Plan:
     postgres_restarts: int
     cancels: int
     rate_limit_bursts: int
+    other_redrives: int  # rounds of re-drives from the other processor's process
 
 
 SHORT = Plan(
@@ -129,6 +153,7 @@ SHORT = Plan(
     postgres_restarts=1,
     cancels=15,
     rate_limit_bursts=2,
+    other_redrives=4,
 )
 FULL = Plan(
     payments=5000,
@@ -140,6 +165,7 @@ FULL = Plan(
     postgres_restarts=2,
     cancels=100,
     rate_limit_bursts=5,
+    other_redrives=12,
 )
 
 
@@ -165,7 +191,10 @@ class Soak:
         self.logdir = Path(tempfile.mkdtemp(prefix="paycron-soak-"))
         self.pg = PrivatePostgres()
         self.redis = PrivateRedis()
-        self.gateway_port, self.web_port = free_port(), free_port()
+        self.seed = seed
+        self.gateway_port, self.web_port, self.other_port = free_port(), free_port(), free_port()
+        self.other_answers: dict[str, int] = {}  # the other processor's re-drive answers
+        self.cli_redrive: threading.Thread | None = None
         self.counts = {
             "worker_kills": 0,
             "scheduler_kills": 0,
@@ -175,6 +204,9 @@ class Soak:
             "cancelled": 0,
             "rate_limit_bursts": 0,
             "api_errors": 0,
+            "enqueue_replies_lost": 0,
+            "messages_duplicated": 0,
+            "other_processor_redrives": 0,
         }
 
     # -------------------------------------------------------------- set-up
@@ -187,6 +219,7 @@ class Soak:
             migrate(conn)
             ensure_partitions(conn, self.config)
             self.key, _ = create_api_key(conn, "soak")
+            other_key, _ = create_api_key(conn, OTHER_ACTOR, admin=True)
         gateway_url = f"http://127.0.0.1:{self.gateway_port}"
         env = {
             **ENGINE,
@@ -203,6 +236,9 @@ class Soak:
                 webhook_urls=(f"http://127.0.0.1:{self.web_port}/v1/gateway-events/stripe",),
             )
         self.procs = ProcessGroup(self.logdir, env)
+        # The schedulers' Redis, through the relay that loses enqueue replies.
+        self.relay = LossyRedisRelay(self.redis.url, rate=ENQUEUE_LOSS_RATE, seed=self.seed)
+        self.relay.start()
         gateway = self.procs.start("gateway", args)
         wait_http(f"{gateway_url}/healthz", gateway)
         self.gateway = GatewayHandle(gateway_url, timeout=30)
@@ -210,19 +246,64 @@ class Soak:
         if self.stripe:
             self.gateway.stripe(**STRIPE_EVENTS)
         web = self.procs.start("web", web_args(self.web_port, workers=2, threads=4))
-        self.schedulers = [self.procs.start(f"scheduler-{n}", scheduler_args()) for n in range(2)]
+        # The settings of an API process configured for the other processor,
+        # for an operator's re-drives.
+        if self.stripe:
+            other_env = {"GATEWAY": "fake"}
+        else:
+            other_env = {**STRIPE_ENGINE, "STRIPE_API_BASE": f"{gateway_url}/stripe"}
+        self.schedulers = [self._start_scheduler(n) for n in range(2)]
         self.workers = [
             self.procs.start(f"worker-{n}", worker_args(1, 8)) for n in range(self.plan.workers)
         ]
+        self.duplicator = MessageDuplicator(
+            self.redis.url,
+            namespace=f"{self.config.redis_namespace}-dramatiq",
+            queue=self.config.queue_name,
+            rate=DUPLICATE_RATE,
+            seed=self.seed,
+        )
+        self.duplicator.start()
         wait_http(f"http://127.0.0.1:{self.web_port}/healthz", web)
         self.api = httpx.Client(
             base_url=f"http://127.0.0.1:{self.web_port}",
             timeout=30,
             headers={"Authorization": f"Bearer {self.key}"},
         )
+        self.other_api = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.other_port}",
+            timeout=30,
+            headers={"Authorization": f"Bearer {other_key}"},
+        )
+        self.other_env = other_env
+        self.other: subprocess.Popen | None = None  # started with the chaos
+
+    def _other_ready(self) -> bool:
+        """The other processor's API process, started when first needed (its
+        boot then overlaps the chaos window, not the set-up)."""
+        if self.other is None:
+            self.other = self.procs.start(
+                "web-other", web_args(self.other_port, workers=1), self.other_env
+            )
+        try:
+            return self.other_api.get("/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def _start_scheduler(self, n: int):
+        return self.procs.start(f"scheduler-{n}", scheduler_args(), {"REDIS_URL": self.relay.url})
 
     def stop(self) -> None:
+        if hasattr(self, "duplicator"):
+            self.duplicator.stop()
+        # Our keep-alive connections closed first: gunicorn's graceful stop
+        # would wait for them.
+        for client in ("api", "other_api"):
+            if hasattr(self, client):
+                getattr(self, client).close()
         self.procs.stop()
+        if hasattr(self, "relay"):
+            self.relay.close()
         self.redis.destroy()
         self.pg.destroy()
 
@@ -241,12 +322,14 @@ class Soak:
                 amount = ALWAYS_503_AMOUNT
             due = self.first_due + timedelta(seconds=self.plan.window * n / self.plan.payments)
             body = {"payee": f"merchant-{n % 13}", "amount": amount, "dueAt": due.isoformat()}
-            if self.stripe:  # the magic amounts are the card surface's; Stripe's are methods
+            if self.stripe:  # declines come from Stripe's test methods; 50003 is always a 503
                 body.update(
                     amount=self.rng.randint(100, 90_000),
                     customer=f"cus_soak_{n % 40}",
                     paymentMethod=stripe_test_method(n),
                 )
+                if n % 89 == 11:  # parked RETRIES_EXHAUSTED: dead letters to re-drive
+                    body.update(amount=ALWAYS_503_AMOUNT, paymentMethod="pm_card_visa")
             for _ in range(5):  # an idempotent retry lands once
                 try:
                     response = self.api.post(
@@ -274,6 +357,7 @@ class Soak:
     def chaos(self, created: list[dict]) -> None:
         """Faults at random moments while the payments fall due."""
         plan, start = self.plan, time.monotonic()
+        self._other_ready()
         lead = max(0.0, (self.first_due - datetime.now(UTC)).total_seconds())
         span = lead + plan.window + 5
         events = (
@@ -281,6 +365,7 @@ class Soak:
             + ["scheduler"] * plan.scheduler_kills
             + ["cancel"] * plan.cancels
             + ["burst"] * plan.rate_limit_bursts
+            + ["redrive"] * plan.other_redrives
         )
         self.rng.shuffle(events)
         # Redis losses and Postgres restarts at spread-out moments of the window.
@@ -306,7 +391,7 @@ class Soak:
     def _scheduler(self, _created) -> None:
         i = self.rng.randrange(len(self.schedulers))
         stop(self.schedulers[i], sig=signal.SIGKILL)
-        self.schedulers[i] = self.procs.start(f"scheduler-{i}", scheduler_args())
+        self.schedulers[i] = self._start_scheduler(i)
         self.counts["scheduler_kills"] += 1
 
     def _redis(self, _created) -> None:
@@ -344,6 +429,79 @@ class Soak:
             return
         self.counts["cancels"] += 1
         self.counts["cancelled"] += response.status_code == 200
+
+    def _redrive(self, _created) -> None:
+        """An operator re-drives every open dead letter through the admin API
+        of a process configured for the other processor: each must be
+        refused (the payment is looked up at its own processor or not at all).
+        The first round with open letters also starts one through the CLI."""
+        deadline = time.monotonic() + 30
+        while not self._other_ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the other processor's API process did not come up")
+            time.sleep(0.2)
+        try:
+            letters = self.other_api.get("/v1/admin/dead-letters").json()["data"]
+        except (httpx.TransportError, ValueError, KeyError):
+            self.counts["api_errors"] += 1
+            return
+        if letters and self.cli_redrive is None:
+            self.cli_redrive = threading.Thread(target=self._redrive_by_cli, daemon=True)
+            self.cli_redrive.start()
+        for letter in letters:
+            try:
+                response = self.other_api.post(
+                    f"/v1/admin/dead-letters/{letter['paymentId']}/redrive"
+                )
+            except httpx.TransportError:
+                self.counts["api_errors"] += 1
+                continue
+            self._answered(f"api {response.status_code}", response.text)
+
+    def _redrive_by_cli(self) -> None:
+        """The oldest open letter re-driven with ``paycron dlq redrive`` run
+        with the other processor's settings (in the background: a process
+        start costs seconds)."""
+        try:
+            with connect(self.config) as conn:
+                first = conn.execute(CHECKS["soak_oldest_letter"]).fetchone()
+        except Exception:  # Postgres restarting
+            self.counts["api_errors"] += 1
+            return
+        if first is None:
+            return
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "paycron.cli",
+                "dlq",
+                "redrive",
+                str(first["payment_id"]),
+                "--by",
+                OTHER_ACTOR,
+            ],
+            env={**self.procs.env, **self.other_env},
+            text=True,
+            capture_output=True,
+        )
+        self._answered(f"cli exit {result.returncode}", result.stdout + result.stderr)
+
+    def _answered(self, how: str, text: str) -> None:
+        """Count one re-drive's answer: refused for the processor, or what else."""
+        self.counts["other_processor_redrives"] += 1
+        if "this process is configured for" in text:
+            how += " refused: called at another processor"
+        elif "already resolved" in text:
+            how += " refused: resolved meanwhile"
+        self.other_answers[how] = self.other_answers.get(how, 0) + 1
+
+    def redrive_after_drain(self) -> None:
+        """Once every call is past its in-flight bound: every open letter again
+        through the other processor's API, and the CLI's re-drive waited for."""
+        self._redrive(None)
+        if self.cli_redrive is not None:
+            self.cli_redrive.join()
 
     def _since_first_due(self) -> float:
         return (datetime.now(UTC) - self.first_due).total_seconds()
@@ -417,6 +575,9 @@ class Soak:
                 for r in conn.execute(CHECKS["soak_payments"], {"until": self._until()})
             }
             db = conn.execute(CHECKS["soak_counts"], {"until": self._until()}).fetchone()
+            faults = conn.execute(CHECKS["soak_message_faults"], {"actor": OTHER_ACTOR}).fetchone()
+        self.counts["enqueue_replies_lost"] = self.relay.lost
+        self.counts["messages_duplicated"] = self.duplicator.duplicated
         completed_sum = sum(r["amount_minor"] for r in rows.values() if r["status"] == "COMPLETED")
         outcomes: dict[str, int] = {}
         for r in rows.values():
@@ -437,6 +598,13 @@ class Soak:
                 + ", ".join(f"{k} {v}" for k, v in sorted(fates.items()))
             )
         print(
+            f"lost enqueue replies: {self.relay.lost} of {self.relay.enqueues} enqueues; "
+            f"claims handed back after a failed enqueue {faults['released_enqueue_failed']}; "
+            f"duplicated messages: {self.duplicator.duplicated}; re-drives from the other "
+            "processor's process: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(self.other_answers.items())) or "none")
+        )
+        print(
             f"gateway: {stats['charge_requests']} charge requests, {len(succeeded)} charges, "
             f"{stats.get('rate_limited', 0)} 429s, {stats.get('dropped', 0)} dropped after "
             f"charging, {stats.get('timeouts', 0)} timeouts, {stats.get('errors', 0)} 5xx"
@@ -444,6 +612,9 @@ class Soak:
         charged_not_completed = [
             c for c in succeeded if rows.get(c["reference"], {}).get("status") != "COMPLETED"
         ]
+        other_accepted = sum(
+            n for k, n in self.other_answers.items() if k.startswith(("api 2", "cli exit 0"))
+        )
         cancelled_charged = [
             c for c in ledger if rows.get(c["reference"], {}).get("status") == "CANCELLED"
         ]
@@ -495,6 +666,21 @@ class Soak:
                 db["missing_events"],
                 db["missing_events"] == 0,
             ),
+            (
+                "claims handed back after a worker started them",
+                faults["released_started"],
+                faults["released_started"] == 0,
+            ),
+            (
+                "re-drives from the other processor's process not refused",
+                other_accepted,
+                other_accepted == 0,
+            ),
+            (
+                "payments the other processor's process changed",
+                faults["changed_by_other"],
+                faults["changed_by_other"] == 0,
+            ),
         ]
 
 
@@ -519,16 +705,29 @@ def main() -> None:
     print(f"soak plan: {plan} gateway={args.gateway}")
     print(f"logs: {soak.logdir}")
     started = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        phases[name] = time.monotonic() - started - sum(phases.values())
+
     try:
         soak.start()
+        phase("start")
         created = soak.create_payments()
+        phase("create")
         soak.chaos(created)
-        deadline = drain_deadline(plan)
-        drained = soak.drain(deadline)
+        phase("chaos")
+        drained = soak.drain(drain_deadline(plan))
+        phase("drain")
+        soak.redrive_after_drain()
+        phase("redrive")
         reconcile_code = soak.reconcile()
         results = soak.check(drained)
+        phase("check")
     finally:
         soak.stop()
+        phase("stop")
+    print("phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
     print("faults injected: " + ", ".join(f"{k} {v}" for k, v in soak.counts.items()))
     failed = False
     for name, count, ok in results:

@@ -46,3 +46,22 @@ SELECT
     (SELECT count(*) FROM attempts WHERE worker = 'gateway-poll') AS by_poll,
     (SELECT count(*) FROM gateway_events) AS events_stored,
     (SELECT count(*) FROM gateway_events WHERE applied_at IS NULL) AS events_pending;
+
+-- name: soak_message_faults
+-- The message-path faults, judged: claims handed back after a failed
+-- enqueue; of those, any whose attempt a worker had started (its call may
+-- charge: never released); anything the other processor's process changed
+-- (a dead letter it resolved, a payment event it caused).
+SELECT
+    (SELECT count(*) FROM payment_events
+     WHERE type = 'payment.released' AND data->>'reason' = 'enqueue_failed')
+        AS released_enqueue_failed,
+    (SELECT count(*) FROM payment_events e
+     JOIN attempts a ON a.payment_id = e.payment_id AND a.attempt = e.attempt
+     WHERE e.type = 'payment.released') AS released_started,
+    (SELECT count(*) FROM dead_letters WHERE resolved_by = %(actor)s)
+    + (SELECT count(*) FROM payment_events WHERE data->>'by' = %(actor)s) AS changed_by_other;
+
+-- name: soak_oldest_letter
+-- The oldest open dead letter (the one the CLI re-drives).
+SELECT payment_id FROM dead_letters WHERE resolution IS NULL ORDER BY created_at LIMIT 1;

@@ -18,7 +18,9 @@ Point the official SDK at it with ``base_addresses={"api": "<fake>/stripe"}``.
 * Faults: the rate ceiling applies to every call (429 ``rate_limit``); the
   charge faults (latency, timeouts, 5xx, declines, dropped answers, and
   ``error_after_charge_rate``: execute, then a stored 500) to creating and
-  confirming intents. Test payment methods: `stripe_methods`.
+  confirming intents. Test payment methods: `stripe_methods`. As on the
+  card surface, an intent of 50003 (minor units) always answers 503 whatever
+  the faults (never executed, never stored): a stub-only test input.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from aiohttp import web
 
 from gateway.fake.errors import RateLimited
 from gateway.fake.jsonapi import latency_headers
-from gateway.fake.processor import FakeProcessor, Fate, Outcome
+from gateway.fake.processor import UNAVAILABLE, FakeProcessor, Fate, Outcome
 from gateway.fake.stripe_idempotency import Answer, Call, once
 from gateway.fake.stripe_ledger import StripeLedger
 from gateway.fake.stripe_methods import MAX_AMOUNT, MethodSpec, minimum_amount
@@ -230,7 +232,7 @@ class StripeSurface:
         paths = check_expansions(params, "payment_intent")
 
         async def run() -> Answer:
-            fate = await self.processor.fate(stored_errors=True)
+            fate = await self.processor.fate(_forced(amount), stored_errors=True)
             _before_execution(fate)
             intent = self.ledger.create_intent(call.origin(), **fields)
             if not confirm:
@@ -254,7 +256,7 @@ class StripeSurface:
         paths = check_expansions(params, "payment_intent")
 
         async def run() -> Answer:
-            fate = await self.processor.fate(stored_errors=True)
+            fate = await self.processor.fate(_forced(intent["amount"]), stored_errors=True)
             _before_execution(fate)
             _expect_state(intent, CONFIRMABLE, "confirm")
             chosen_id = method_id or intent["payment_method"]
@@ -461,6 +463,15 @@ class StripeSurface:
     async def close(self, app: web.Application | None = None) -> None:
         self.reset()
         await self.webhooks.close()
+
+
+#: The card surface's always-503 amount, honoured here too (a stub-only test input).
+UNAVAILABLE_AMOUNT = 50003
+
+
+def _forced(amount: int) -> Fate | None:
+    """The fate an amount forces whatever the faults: 50003 is always a 503."""
+    return UNAVAILABLE if amount == UNAVAILABLE_AMOUNT else None
 
 
 def _before_execution(fate: Fate) -> None:

@@ -19,7 +19,12 @@ Time moves by rewriting every stored time into the past (leases, run_at,
 in-flight bounds, in-doubt times, polls, attempts' starts, events' next
 tries) and moving the breakers' clocks and the processors' clock by as much:
 the engine compares Postgres's ``now()`` and its own ``datetime.now`` with
-those columns, so the two clocks move together.
+those columns, so the two clocks move together. The processors', breakers'
+and workers' clocks are stopped but for the model's moves, the policy's
+jitter is drawn from the same seed in every sequence, and a hung call waits
+for the model however long that takes: a sequence of choices must
+meet the same state however slowly the machine runs it, or Hypothesis sees
+its draws change (``FlakyStrategyDefinition``).
 
 After every step the money invariants of tests/money_invariants.py must
 hold. The holes of issue 20's table (rows 1 to 7) each have a directed case
@@ -54,6 +59,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from paycron.domain import policy
 from paycron.domain.enums import CancelOutcome
 from paycron.domain.processing import FAILED, PROCESSING, SUCCEEDED
 from paycron.engine import dead_letters
@@ -293,6 +299,11 @@ class PaymentMachine(RuleBasedStateMachine):
         self.pool = env["pool"]
         self.redis = env["redis"]
         self.offset = 0.0  # how far model time has moved
+        self.started = time.time()  # the model's clocks stand still but for time_passes
+        # The policy's jitter (a 409's or 429's wait times 1 to 1.5) from the
+        # same sequence every time: whether a jittered wait is over after a
+        # time step must not change between two runs of the same choices.
+        policy._RNG.seed(0)
         self.clocks = {p: Clock() for p in PROCESSORS}
         self.configs = env["configs"]
         self.processors = {
@@ -319,7 +330,7 @@ class PaymentMachine(RuleBasedStateMachine):
                 worker=f"model-{p}",
                 # The lease is measured on the model's clock: a worker hung
                 # while time moved on sends nothing more once its lease is over.
-                clock=lambda: time.monotonic() + self.offset,
+                clock=self.model_now,
             )
             for p in PROCESSORS
         }
@@ -350,11 +361,13 @@ class PaymentMachine(RuleBasedStateMachine):
         self.events_stored = 0
         self.opened: set[str] = set()  # breakers this sequence opened
         self.cursor: dict[str, int] = {}  # where each processor's answers are
+        #: The database's now() when the last check ended: what a step wrote is newer.
+        self.checked_at = datetime.now(UTC)
 
     # -- the parts
 
     def model_now(self) -> float:
-        return time.time() + self.offset
+        return self.started + self.offset
 
     def _sweeper(self, processor: str) -> Sweeper:
         config = self.configs[processor]
@@ -661,7 +674,15 @@ class PaymentMachine(RuleBasedStateMachine):
                 "WHERE a.payment_id = p.id AND a.attempt = p.attempt AND a.outcome = 'IN_FLIGHT')",
                 {"s": seconds, **self.checker.due},
             )
-        shift = {"d": timedelta(seconds=seconds), **self.checker.due}
+        self._shift_stored_times(timedelta(seconds=seconds))
+        self.offset += seconds
+        self.leases_may_pass = self.leases_may_pass or seconds >= self.configs[CARD].lease_seconds
+        for clock in self.clocks.values():
+            clock.advance(seconds)
+
+    def _shift_stored_times(self, delta: timedelta) -> None:
+        """Every stored time ``delta`` into the past (a negative one: into the future)."""
+        shift = {"d": delta, **self.checker.due}
         self.conn.execute(
             """
             UPDATE payments SET lease_until = lease_until - %(d)s,
@@ -678,10 +699,6 @@ class PaymentMachine(RuleBasedStateMachine):
         self.conn.execute(
             "UPDATE gateway_events SET next_attempt_at = next_attempt_at - %(d)s", shift
         )
-        self.offset += seconds
-        self.leases_may_pass = self.leases_may_pass or seconds >= self.configs[CARD].lease_seconds
-        for clock in self.clocks.values():
-            clock.advance(seconds)
 
     def reap(self, data=None):
         self._note("reap")
@@ -891,15 +908,19 @@ class PaymentMachine(RuleBasedStateMachine):
         if self.ids:
             # A wait shorter than the model's smallest time step (a 429, a 409)
             # is made that step: only the model's time makes it pass, so a
-            # sequence does the same however fast the machine runs it.
+            # sequence does the same however fast the machine runs it. That
+            # includes a wait this step wrote (its run_at after its
+            # updated_at) which a slow step outlived already.
             self.conn.execute(
                 "UPDATE payments SET run_at = now() + make_interval(secs => %(s)s) "
-                "WHERE status = 'PENDING' AND run_at > now() "
+                "WHERE status = 'PENDING' "
+                "AND (run_at > now() OR (updated_at > %(checked)s AND run_at > updated_at)) "
                 "AND run_at < now() + make_interval(secs => %(s)s) "
                 "AND due_at BETWEEN %(due_from)s AND %(due_to)s",
-                {"s": min(TIME_STEPS), **self.checker.due},
+                {"s": min(TIME_STEPS), "checked": self.checked_at, **self.checker.due},
             )
             self.snapshot = self.checker.check(self.conn, self.ids, step=self.step)
+        self.checked_at = self.conn.execute("SELECT now() AS t").fetchone()["t"]
 
 
 #: Every operation the model runs, and when it may: one rule draws among the

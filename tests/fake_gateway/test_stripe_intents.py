@@ -248,3 +248,20 @@ def test_latest_charge_expands(sdk_client: stripe.StripeClient) -> None:
     assert expanded.latest_charge.status == "succeeded"
     with pytest.raises(stripe.InvalidRequestError):
         sdk_client.v1.payment_intents.retrieve(intent.id, params={"expand": ["customer"]})
+
+
+def test_the_always_unavailable_amount_answers_503_every_time_and_stores_nothing(
+    sdk_client: stripe.StripeClient,
+    gateway_handle: GatewayHandle,
+) -> None:
+    """As on the card surface, 50003 is a 503 whatever the faults: never
+    executed, never stored, so the same key gets a fresh 503 each time."""
+    gateway_handle.faults(decline_rate=1.0)  # the magic amount ignores the faults
+    key = new_key()
+    for _ in range(2):
+        with pytest.raises(stripe.APIError) as raised:
+            charge(sdk_client, key=key, amount=50003, payment_id="pay-503")
+        assert raised.value.http_status == 503
+    assert gateway_handle.stripe_ledger()["payment_intents"] == []
+    gateway_handle.faults(decline_rate=0.0)
+    assert charge(sdk_client, amount=50004).status == "succeeded"  # only that amount
