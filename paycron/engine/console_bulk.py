@@ -1,4 +1,5 @@
-"""Bulk dead-letter actions from the console, their four-eyes approvals and
+"""Bulk actions from the console (over dead letters, and cancelling PENDING
+payments), their four-eyes approvals and
 the console's audit rows (docs/console.md).
 
 A bulk action is a row of ``console_bulk_requests`` with its payments fixed
@@ -17,8 +18,9 @@ is then done again, and a refund at the processor is keyed from what it
 refunds (``refund:<payment id>``), so it is never made twice. A crash after
 the commit leaves the item done: it is never taken again.
 
-Each payment goes through :func:`attempt`, the very code (and refusals) of
-the console's single action.
+Each payment goes through :func:`attempt` (a dead letter's action) or
+:func:`cancel` (a PENDING payment's), the very code (and refusals) of the
+console's single action.
 """
 
 from __future__ import annotations
@@ -36,10 +38,15 @@ from paycron.errors import DeadLetterActionRefused, GatewayError, GatewayRequest
 from paycron.observability.audit import record
 from paycron.processors.base import Processor
 from paycron.sql import q
+from paycron.store import transitions
 from paycron.store.db import Connection, Pool
+from paycron.store.payments import get_payment
+from paycron.store.transitions import CancelOutcome
 
 #: What each action is called on its button.
-LABELS = {"redrive": "Re-drive", "refund": "Refund", "dismiss": "Dismiss"}
+LABELS = {"redrive": "Re-drive", "refund": "Refund", "dismiss": "Dismiss", "cancel": "Cancel"}
+#: The actions over dead letters (the others act on payments).
+LETTER_ACTIONS = ("redrive", "refund", "dismiss")
 #: A request's states.
 AWAITING, RUNNING, FINISHED = "AWAITING_APPROVAL", "RUNNING", "FINISHED"
 REJECTED, EXPIRED = "REJECTED", "EXPIRED"
@@ -106,6 +113,32 @@ def attempt(
     return True, f"{payment_id}: {result.action}{detail}"
 
 
+#: Why a cancel lost, as the API answers it (409 and its code).
+CANCEL_REFUSALS = {
+    CancelOutcome.ALREADY_PROCESSING: "a worker is charging it (or it waits for the processor)",
+    CancelOutcome.ALREADY_COMPLETED: "it is already COMPLETED",
+    CancelOutcome.ALREADY_FAILED: "it is already FAILED",
+    CancelOutcome.OUTCOME_IN_DOUBT: "an earlier call may have charged it (in doubt)",
+}
+
+
+def cancel(conn: Connection, payment_id: uuid.UUID) -> tuple[bool, str | None]:
+    """Cancel one PENDING payment: (done, None) or (False, why, as the API
+    answers it: ``409 ALREADY_PROCESSING: ...``). The API's own
+    compare-and-swap (``DELETE /v1/scheduled-payments/{id}``) made for the
+    payment's payer, so it loses the same races. The console's single
+    cancel and every payment of a bulk cancel go through here."""
+    found = get_payment(conn, payment_id, actor=None, with_attempts=False)
+    if found is None:
+        return False, "404 NOT_FOUND: no payment has this id"
+    outcome = transitions.cancel(conn, payment_id, actor=found["payer"])
+    if outcome is CancelOutcome.CANCELLED:
+        return True, None
+    if outcome is CancelOutcome.NOT_FOUND:
+        return False, "404 NOT_FOUND: no payment has this id"
+    return False, f"409 {outcome.value}: {CANCEL_REFUSALS.get(outcome, '')}"
+
+
 # -- the console's audit rows ----------------------------------------------------
 
 
@@ -165,7 +198,9 @@ class Selection:
 
     def needs_approval(self, action: str, *, above_minor: int) -> bool:
         """A refund always needs a second operator; any action whose total
-        in one currency is above ``above_minor`` minor units does too."""
+        in one currency is above ``above_minor`` minor units does too (a
+        cancel included: it moves no money, but it stops that much from
+        being collected, and cannot be undone)."""
         return action == "refund" or any(v > above_minor for v in self.totals.values())
 
 
@@ -333,6 +368,33 @@ def _logged(event: str, *, actor: str, target: object, reason: str) -> Iterator[
     record(event, "success", actor=actor, target=target, reason=reason, channel="bulk")
 
 
+def _cancel_one(conn: Connection, job: dict, payment_id: uuid.UUID) -> tuple[bool, str]:
+    """One payment of a bulk cancel: the single cancel's code, and its
+    audit log line (``payment.cancel``, channel ``bulk``)."""
+    actor = job["requested_by"]
+    try:
+        done, why = cancel(conn, payment_id)
+    except Exception as failed:
+        record(
+            "payment.cancel",
+            "failure",
+            actor=actor,
+            target=payment_id,
+            reason=type(failed).__name__,
+        )
+        raise
+    reason = f"bulk request {job['id']}: {job['reason']}"
+    record(
+        "payment.cancel",
+        "success" if done else "refused",
+        actor=actor,
+        target=payment_id,
+        reason=reason if done else why,
+        channel="bulk",
+    )
+    return done, "cancelled" if done else f"refused: {why}"
+
+
 def act_on_one(conn: Connection, gateway: Processor, job: dict) -> str | None:
     """Act on the request's next payment and record its outcome, in one
     transaction: 'done', 'refused', or None when none is left to take."""
@@ -342,6 +404,9 @@ def act_on_one(conn: Connection, gateway: Processor, job: dict) -> str | None:
             return None
         payment_id = item["payment_id"]
         name = job["action"]
+        if name == "cancel":
+            done, detail = _cancel_one(conn, job, payment_id)
+            return _finish_item(conn, job, payment_id, done, detail)
         done, message = attempt(
             conn,
             gateway,
@@ -356,17 +421,18 @@ def act_on_one(conn: Connection, gateway: Processor, job: dict) -> str | None:
                 reason=f"bulk request {job['id']}: {job['reason']}",
             ),
         )
-        outcome = "done" if done else "refused"
-        conn.execute(
-            q("bulk_item_finish"),
-            {
-                "request_id": job["id"],
-                "payment_id": payment_id,
-                "outcome": outcome,
-                "detail": message.removeprefix(f"{payment_id}: "),
-            },
-        )
-        return outcome
+        return _finish_item(conn, job, payment_id, done, message.removeprefix(f"{payment_id}: "))
+
+
+def _finish_item(
+    conn: Connection, job: dict, payment_id: uuid.UUID, done: bool, detail: str
+) -> str:
+    outcome = "done" if done else "refused"
+    conn.execute(
+        q("bulk_item_finish"),
+        {"request_id": job["id"], "payment_id": payment_id, "outcome": outcome, "detail": detail},
+    )
+    return outcome
 
 
 def run_once(pool: Pool, gateway: Processor, *, chunk: int = CHUNK) -> RunCounts:

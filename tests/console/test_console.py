@@ -479,6 +479,44 @@ def test_webhook_endpoints_with_their_backlog_per_payer(signed_in, conn):
     assert "none yet" in html  # no delivery attempted yet
 
 
+def test_webhooks_filter_by_payer_backlog_and_failing(signed_in, conn):
+    endpoints = {
+        actor: conn.execute(
+            "INSERT INTO webhook_endpoints (actor, url, secret) "
+            "VALUES (%s, %s, 'whsec_x') RETURNING id",
+            (actor, f"https://hooks.{actor}.example/in"),
+        ).fetchone()["id"]
+        for actor in ("calm", "busy", "sick")
+    }
+    for actor in ("busy", "sick"):
+        conn.execute(
+            "INSERT INTO payment_events (payment_id, payer, type, status, attempt) "
+            "VALUES (gen_random_uuid(), %s, 'payment.created', 'PENDING', 0)",
+            (actor,),
+        )
+    head = conn.execute(
+        "SELECT id FROM payment_events WHERE payer = 'sick' ORDER BY id LIMIT 1"
+    ).fetchone()["id"]
+    conn.execute(  # tried, not delivered
+        "INSERT INTO webhook_deliveries (endpoint_id, event_id, attempts, last_status) "
+        "VALUES (%s, %s, 2, 500)",
+        (endpoints["sick"], head),
+    )
+
+    def shown(**query) -> set:
+        html = signed_in.get("/console/webhooks", query_string=query).get_data(as_text=True)
+        return {actor for actor in endpoints if f"https://hooks.{actor}.example/in" in html}
+
+    assert shown() == {"calm", "busy", "sick"}
+    assert shown(payer="busy") == {"busy"}
+    assert shown(only="backlog") == {"busy", "sick"}
+    assert shown(only="failing") == {"sick"}
+    assert shown(payer="calm", only="backlog") == set()
+    html = signed_in.get("/console/webhooks", query_string={"payer": "busy"}).get_data(as_text=True)
+    assert 'value="busy"' in html and ">Filter</button>" in html
+    assert signed_in.get("/console/webhooks?only=stuck").status_code == 400
+
+
 def test_a_caught_up_endpoint_shows_its_latest_answer(signed_in, conn):
     """Every event delivered, none waiting: the page still says how the last
     delivery went, not a dash."""

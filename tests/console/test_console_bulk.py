@@ -5,6 +5,7 @@ and the fake gateway (docs/console.md)."""
 from __future__ import annotations
 
 import re
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -75,6 +76,39 @@ def request_bulk(client, name: str, query: dict, *, reason: str = "cleanup after
         data={**query, "csrf_token": csrf_of(html), "digest": digest, "note": reason},
     )
     return html, answer
+
+
+def request_cancel(client, query: dict, *, reason: str = "merchant closed"):
+    """A bulk cancel's preview, then its confirmation (or approval request)."""
+    preview = client.get("/console/payments/all/cancel", query_string=query)
+    assert preview.status_code == 200, preview.get_data(as_text=True)
+    html = preview.get_data(as_text=True)
+    digest = re.search(r'name="digest" value="([0-9a-f]+)"', html).group(1)
+    answer = client.post(
+        "/console/payments/all/cancel",
+        data={**query, "csrf_token": csrf_of(html), "digest": digest, "note": reason},
+    )
+    return html, answer
+
+
+def items_of(conn, request_id: int) -> list[dict]:
+    return conn.execute(
+        "SELECT payment_id, outcome, detail FROM console_bulk_items WHERE request_id = %s "
+        "ORDER BY payment_id",
+        (request_id,),
+    ).fetchall()
+
+
+def cancelled_events(conn, payment_id) -> int:
+    return conn.execute(
+        "SELECT count(*) AS n FROM payment_events "
+        "WHERE payment_id = %s AND type = 'payment.cancelled'",
+        (payment_id,),
+    ).fetchone()["n"]
+
+
+def latest_request(conn):
+    return conn.execute("SELECT max(id) AS n FROM console_bulk_requests").fetchone()["n"]
 
 
 def request_id_of(answer) -> int:
@@ -171,6 +205,9 @@ def test_reconciliation_runs_filter_by_day_and_mismatches(ann, conn):
         "/console/payments?in_doubt=maybe",
         "/console/payments?failure_reason=BROKE",
         "/console/dead-letters/all/redrive?parked_before=0000-01-01",
+        "/console/payments/all/cancel?payer=acme",  # a bulk cancel needs Status PENDING
+        "/console/payments/all/cancel?status=FAILED",
+        "/console/payments/all/cancel?status=PENDING&due_from=2026-01-01&due_to=2026-03-01",
         "/console/bulk/1?cursor=nope",
         "/console/audit?cursor=-5",
     ],
@@ -499,3 +536,254 @@ def test_bulk_requests_decisions_expiry_finish_and_cancel_write_audit_lines(
         str(pending["id"]),
     )
     assert cancel["channel"] == "console" and cancel["reason"] == "customer asked"
+
+
+# -- bulk cancel of PENDING payments ------------------------------------------------
+
+SOON = timedelta(days=1)
+
+
+def test_a_bulk_cancel_is_offered_for_pending_and_previewed(ann, console, conn):
+    rows = [
+        insert_payment(conn, payer="acme", due_at=datetime.now(UTC) + SOON, amount_minor=1000 + n)
+        for n in range(3)
+    ]
+    jpy = insert_payment(conn, payer="acme", due_at=datetime.now(UTC) + SOON, currency="JPY")
+    done = insert_payment(conn, payer="acme", status="COMPLETED")
+    other = insert_payment(conn, payer="zed", due_at=datetime.now(UTC) + SOON)
+    listed = ann.get("/console/payments", query_string={"payer": "acme", "status": "PENDING"})
+    assert "Cancel all matching" in listed.get_data(as_text=True)
+    unfiltered = ann.get("/console/payments", query_string={"payer": "acme"})
+    assert "Cancel all matching" not in unfiltered.get_data(as_text=True)
+
+    preview, answer = request_cancel(ann, {"payer": "acme", "status": "PENDING"})
+    assert "4 payments" in preview and "30.03 USD" in preview and "2,500 JPY" in preview
+    assert "Confirm" in preview and "Request approval" not in preview
+    request_id = request_id_of(answer)
+    assert console_bulk.get(conn, request_id)["action"] == "cancel"
+    assert all(payment(conn, r["id"])["status"] == "PENDING" for r in rows)  # not yet
+    assert run_all(console, chunk=2).finished == 1
+    assert {payment(conn, r["id"])["status"] for r in [*rows, jpy]} == {"CANCELLED"}
+    assert payment(conn, done["id"])["status"] == "COMPLETED"
+    assert payment(conn, other["id"])["status"] == "PENDING"
+    page = ann.get(f"/console/bulk/{request_id}").get_data(as_text=True)
+    assert "FINISHED" in page and "4 done, 0 refused" in page
+    # the dead letters' routes do not take a cancel
+    assert ann.get("/console/dead-letters/all/cancel").status_code == 404
+
+
+def test_a_bulk_cancel_by_due_range_reads_only_that_stretch(ann, console, conn):
+    start = datetime.now(UTC).replace(hour=3, minute=0, second=0, microsecond=0) + 2 * SOON
+    inside = insert_payment(conn, payer="p1", due_at=start, processor="stripe")
+    fake = insert_payment(conn, payer="p2", due_at=start + timedelta(hours=1), processor="fake")
+    later = insert_payment(conn, payer="p3", due_at=start + SOON)
+    day = start.date().isoformat()
+    query = {"status": "PENDING", "due_from": day, "due_to": day, "processor": "stripe"}
+    preview, answer = request_cancel(ann, query)
+    assert "1 payments" in preview
+    run_all(console)
+    assert payment(conn, inside["id"])["status"] == "CANCELLED"
+    assert payment(conn, fake["id"])["status"] == "PENDING"
+    assert payment(conn, later["id"])["status"] == "PENDING"
+
+
+def test_each_bulk_cancel_is_refused_exactly_as_the_single_cancel_is(ann, console, conn):
+    """Parity: the single cancel's 409 and the bulk item's refusal are the
+    same words (the same code: console_bulk.cancel)."""
+    single = insert_payment(conn, payer="s1", due_at=datetime.now(UTC) + SOON, in_doubt=True)
+    page = ann.get(f"/console/payments/{single['id']}").get_data(as_text=True)
+    lost = ann.post(
+        f"/console/payments/{single['id']}/cancel",
+        data={"csrf_token": csrf_of(page), "reason": "customer asked"},
+    )
+    assert lost.status_code == 409
+    single_why = re.search(r"Not cancelled \((409 .+?)\)\.", lost.get_data(as_text=True)).group(1)
+    assert single_why.startswith("409 OUTCOME_IN_DOUBT")
+
+    bulk = insert_payment(conn, payer="b1", due_at=datetime.now(UTC) + SOON, in_doubt=True)
+    claimed = insert_payment(conn, payer="b1", due_at=datetime.now(UTC) + SOON)
+    request_id = request_id_of(request_cancel(ann, {"payer": "b1", "status": "PENDING"})[1])
+    # claimed by a worker between the preview and the run
+    conn.execute(
+        "UPDATE payments SET status = 'PROCESSING', lease_until = now() + interval '1 minute' "
+        "WHERE id = %s",
+        (claimed["id"],),
+    )
+    run_all(console)
+    details = {i["payment_id"]: (i["outcome"], i["detail"]) for i in items_of(conn, request_id)}
+    assert details[bulk["id"]] == ("refused", f"refused: {single_why}")
+    assert details[claimed["id"]][0] == "refused"
+    assert details[claimed["id"]][1].startswith("refused: 409 ALREADY_PROCESSING: a worker")
+    assert payment(conn, bulk["id"])["status"] == "PENDING"
+    assert payment(conn, claimed["id"])["status"] == "PROCESSING"
+    made = console_bulk.get(conn, request_id)
+    assert (made["state"], made["done"], made["refused"]) == ("FINISHED", 0, 2)
+
+
+def test_a_bulk_cancel_racing_a_claim_has_one_winner(ann, console, database_url, conn):
+    """A worker's claim in flight when the runner reaches the payment: the
+    cancel waits on the row, then loses (409 ALREADY_PROCESSING); a payment
+    the runner cancelled first is never claimed."""
+    from paycron.config import Config
+    from paycron.store import transitions
+    from paycron.store.db import connect
+
+    contested = insert_payment(conn, payer="race")  # due now: a worker may claim it
+    cancelled_first = insert_payment(conn, payer="race2")
+    first = request_id_of(request_cancel(ann, {"payer": "race2", "status": "PENDING"})[1])
+    run_all(console)
+    assert [c.payment_id for c in transitions.claim_due(conn, limit=10, lease_seconds=30)] == [
+        contested["id"]
+    ]
+    assert payment(conn, cancelled_first["id"])["status"] == "CANCELLED"
+    assert items_of(conn, first)[0]["outcome"] == "done"
+    conn.execute(
+        "UPDATE payments SET status = 'PENDING', lease_until = NULL WHERE id = %s",
+        (contested["id"],),
+    )
+
+    request_id = request_id_of(request_cancel(ann, {"payer": "race", "status": "PENDING"})[1])
+    with connect(Config(database_url=database_url)) as worker:
+        with worker.transaction():  # the claim, not yet committed
+            worker.execute(
+                "UPDATE payments SET status = 'PROCESSING', attempt = attempt + 1, "
+                "lease_until = now() + interval '1 minute' WHERE id = %s",
+                (contested["id"],),
+            )
+            runner = threading.Thread(target=run_all, args=(console,))
+            runner.start()
+            runner.join(timeout=0.5)
+            assert runner.is_alive()  # the cancel waits on the claimed row
+        runner.join(timeout=10)
+    assert not runner.is_alive()
+    (item,) = items_of(conn, request_id)
+    assert item["outcome"] == "refused" and "409 ALREADY_PROCESSING" in item["detail"]
+    assert payment(conn, contested["id"])["status"] == "PROCESSING"
+    assert cancelled_events(conn, contested["id"]) == 0
+
+
+def test_a_bulk_cancel_over_the_cap_is_refused(ann, conn):
+    before = latest_request(conn)
+    for _ in range(6):  # CONSOLE_BULK_MAX is 5 here
+        insert_payment(conn, payer="many", due_at=datetime.now(UTC) + SOON)
+    answer = ann.get(
+        "/console/payments/all/cancel", query_string={"payer": "many", "status": "PENDING"}
+    )
+    assert answer.status_code == 400
+    assert "More than 5 payments" in answer.get_data(as_text=True)
+    assert latest_request(conn) == before
+
+
+def test_a_bulk_cancel_confirmation_whose_filter_now_matches_others_is_refused(ann, conn):
+    insert_payment(conn, payer="acme", due_at=datetime.now(UTC) + SOON)
+    query = {"payer": "acme", "status": "PENDING"}
+    html = ann.get("/console/payments/all/cancel", query_string=query).get_data(as_text=True)
+    digest = re.search(r'name="digest" value="([0-9a-f]+)"', html).group(1)
+    insert_payment(conn, payer="acme", due_at=datetime.now(UTC) + SOON)  # after the preview
+    before = latest_request(conn)
+    answer = ann.post(
+        "/console/payments/all/cancel",
+        data={**query, "csrf_token": csrf_of(html), "digest": digest, "note": "x"},
+    )
+    assert answer.status_code == 409
+    assert latest_request(conn) == before
+
+
+def test_a_crashed_bulk_cancel_resumes_and_cancels_nothing_twice(ann, console, conn):
+    rows = [insert_payment(conn, payer="acme", due_at=datetime.now(UTC) + SOON) for _ in range(3)]
+    request_id = request_id_of(request_cancel(ann, {"payer": "acme", "status": "PENDING"})[1])
+    # the process dies after the second cancel's compare-and-swap, before its
+    # outcome committed
+    real, calls = console_bulk.cancel, []
+
+    def dying(conn, payment_id):
+        calls.append(payment_id)
+        result = real(conn, payment_id)
+        if len(calls) == 2:
+            raise SystemExit("killed")
+        return result
+
+    pool, gateway = console.extensions["paycron.pool"], console.extensions["paycron.gateway"]
+    console_bulk.cancel = dying
+    try:
+        with pytest.raises(SystemExit):
+            console_bulk.run_once(pool, gateway)
+    finally:
+        console_bulk.cancel = real
+    outcomes = items_of(conn, request_id)
+    assert [o["outcome"] for o in outcomes] == ["done", None, None]
+    assert payment(conn, outcomes[1]["payment_id"])["status"] == "PENDING"  # rolled back
+
+    assert run_all(console).finished == 1
+    assert [cancelled_events(conn, r["id"]) for r in rows] == [1, 1, 1]
+    assert {payment(conn, r["id"])["status"] for r in rows} == {"CANCELLED"}
+    made = console_bulk.get(conn, request_id)
+    assert (made["state"], made["done"], made["refused"]) == ("FINISHED", 3, 0)
+
+
+def test_a_bulk_cancel_above_the_threshold_needs_another_operator(ann, bob, console, conn):
+    row = insert_payment(conn, payer="big", due_at=datetime.now(UTC) + SOON, amount_minor=200_000)
+    preview, answer = request_cancel(ann, {"payer": "big", "status": "PENDING"})
+    assert "Request approval" in preview and ">Confirm<" not in preview
+    request_id = request_id_of(answer)
+    assert run_all(console).done == 0
+    mine = ann.post(f"/console/approvals/{request_id}/approve", data={"csrf_token": token(ann)})
+    assert mine.status_code == 403
+    assert payment(conn, row["id"])["status"] == "PENDING"
+    bob.post(f"/console/approvals/{request_id}/approve", data={"csrf_token": token(bob)})
+    run_all(console)
+    assert payment(conn, row["id"])["status"] == "CANCELLED"
+
+
+def test_a_bulk_cancel_writes_audit_rows_and_lines(ann, console, conn, audit_lines):
+    won = insert_payment(conn, payer="aud", due_at=datetime.now(UTC) + SOON)
+    lost = insert_payment(conn, payer="aud", due_at=datetime.now(UTC) + SOON, in_doubt=True)
+    request_id = request_id_of(request_cancel(ann, {"payer": "aud", "status": "PENDING"})[1])
+    run_all(console)
+    rows = conn.execute(
+        "SELECT event, actor, filter, payments, done, refused FROM console_audit "
+        "WHERE request_id = %s ORDER BY id",
+        (request_id,),
+    ).fetchall()
+    assert [(r["event"], r["actor"]) for r in rows] == [
+        ("console.bulk_request", "ops-ann"),
+        ("console.bulk_finish", "ops-ann"),
+    ]
+    assert rows[1]["filter"] == "payer=aud&status=PENDING"
+    assert (rows[1]["payments"], rows[1]["done"], rows[1]["refused"]) == (2, 1, 1)
+    cancels = {line["target"]: line for line in audit_lines if line["event"] == "payment.cancel"}
+    assert cancels[str(won["id"])]["outcome"] == "success"
+    assert cancels[str(won["id"])]["channel"] == "bulk"
+    assert cancels[str(won["id"])]["reason"] == f"bulk request {request_id}: merchant closed"
+    assert cancels[str(lost["id"])]["outcome"] == "refused"
+    assert cancels[str(lost["id"])]["reason"].startswith("409 OUTCOME_IN_DOUBT")
+
+
+def test_a_bulk_cancel_reads_no_day_below_the_live_bound(conn):
+    """A PENDING payment is due at or after the live bound, so the preview
+    never plans the settled days below it (a payer alone would plan every day)."""
+    from werkzeug.datastructures import MultiDict
+
+    from paycron.store import partitions
+    from web.console import bulk, filters
+
+    pending = insert_payment(conn, payer="acme", due_at=datetime.now(UTC) + SOON)
+    bound = partitions.day_start(datetime.now(UTC).date() - timedelta(days=2))
+    sent = []
+
+    class Recording:
+        def execute(self, sql, params=None, **kwargs):
+            sent.append(params)
+            return conn.execute(sql, params, **kwargs)
+
+    chosen = filters.PaymentFilter.from_args(
+        MultiDict({"payer": "acme", "status": "PENDING"}), statuses=["PENDING"]
+    )
+    conn.execute("UPDATE live_bound SET due_from = %s", (bound,))
+    try:
+        selection = bulk.select_pending(Recording(), chosen, cap=5, today=datetime.now(UTC).date())
+    finally:  # back to the always-safe value other tests expect
+        conn.execute("UPDATE live_bound SET due_from = '0001-01-01 00:00:00+00'")
+    assert [r["payment_id"] for r in selection.rows] == [pending["id"]]
+    (params,) = [p for p in sent if p and "payer" in p]
+    assert (params["due_from"], params["due_to"]) == (bound, "infinity")

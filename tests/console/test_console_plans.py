@@ -56,6 +56,8 @@ DUE_FILTERS = {
     "in_doubt": None,
     "processor": None,
 }
+#: A bulk cancel's filters beyond payer and due range, each NULL for any.
+PENDING_FILTERS = {"scan": 1001, "failure_reason": None, "in_doubt": None, "processor": None}
 #: The dead-letters filter's fields.
 LETTER_PAGE = {
     "after_created_at": "-infinity",
@@ -87,6 +89,16 @@ CASES = {
     "payments_due": (
         {**due_bounds(TODAY), **DUE_FILTERS, "status": "FAILED"},
         r"Index Scan using payments_p\d+_pkey",
+    ),
+    # a bulk cancel's preview reads only PENDING rows: either partial index of
+    # them (payments_sweep_idx, payments_fair_idx) holds nothing else
+    "pending_due": (
+        {**due_bounds(TODAY, days=31), **PENDING_FILTERS, "processor": "fake"},
+        r"Index Scan using payments_p\d+_(payer_)?run_at_idx",
+    ),
+    "pending_of_payer": (
+        {**due_bounds(TODAY), **PENDING_FILTERS, "payer": "acme", "in_doubt": False},
+        r"Index Scan using payments_p\d+_payer_run_at_idx",
     ),
     "payments_by_keys": ({"ids": [uuid.uuid4()], "due_ats": [NOW]}, r"payments_p\d+_pkey"),
     "events_of": ({"id": uuid.uuid4(), "limit": 200}, r"payment_events_payment_idx"),
@@ -121,6 +133,7 @@ CASES = {
             "after_id": uuid.UUID(int=0),
             "count_cap": 1001,
             "limit": 51,
+            "payer": None,
         },
         r"webhook_endpoints_actor_idx(.|\n)*payment_events_feed_idx(.|\n)*"
         r"webhook_deliveries_pkey",
@@ -193,6 +206,10 @@ def test_payment_queries_touch_only_the_days_they_name(conn):
     assert partitions_planned(
         conn, "payments_by_keys", {"ids": [row["id"]], "due_ats": [row["due_at"]]}
     ) == {partitions.partition_name(future_day)}
+    # a bulk cancel's preview, by due range or by payer within one
+    for name in ("pending_due", "pending_of_payer"):
+        params = {**due_bounds(future_day, days=2), **PENDING_FILTERS, "payer": "alice"}
+        assert partitions_planned(conn, name, params) == two_days, name
     assert partitions_planned(conn, "due_per_minute", CASES["due_per_minute"][0]) <= {
         partitions.partition_name(HOUR_AGO.date()),
         partitions.partition_name(TODAY),
@@ -247,6 +264,19 @@ def test_a_payer_and_a_reason_ride_one_of_their_indexes(conn):
     text = plan(conn, "open_letters_of_payer", params)
     assert "Seq Scan" not in text and "Sort" not in text, text
     assert re.search(r"Index Scan using dead_letters_open_(payer|reason)_idx", text), text
+
+
+def test_a_webhooks_payer_rides_the_endpoints_index(conn):
+    params = {**CASES["webhook_backlog_page"][0], "payer": "acme"}
+    text = plan(conn, "webhook_backlog_page", params)
+    assert "Seq Scan" not in text, text
+    # the payer is the index's leading column: only their endpoints are read
+    # (and sorted on the id the index lacks), then cut to the page
+    assert re.search(
+        r"Index Scan using webhook_endpoints_actor_idx on webhook_endpoints\s+"
+        r"Index Cond: \(.*\(actor = 'acme'::text\)\)",
+        text,
+    ), text
 
 
 def test_filtered_reconciliation_runs_ride_an_index(conn):

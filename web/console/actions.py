@@ -65,7 +65,7 @@ def _payment_id(text: str) -> uuid.UUID:
 
 
 def _action(name: str) -> str:
-    if name not in LABELS:
+    if name not in console_bulk.LETTER_ACTIONS:
         raise ConsoleRefused(404, "No such action.")
     return LABELS[name]
 

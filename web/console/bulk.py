@@ -15,16 +15,17 @@ import csv
 import hashlib
 import io
 import uuid
+from datetime import date
 
 from flask import Response, current_app, flash, g, redirect, render_template, request, url_for
 
+from paycron.domain.enums import Status
 from paycron.domain.ids import parse_payment_id
 from paycron.engine import console_bulk
 from paycron.engine.console_bulk import LABELS, BulkRefused, Selection
 from paycron.sql import q
-from paycron.store import transitions
+from paycron.store import partitions
 from paycron.store.payments import get_payment
-from paycron.store.transitions import CancelOutcome
 from web.audit import audit
 from web.console import bp, filters, page_cursor, reads
 from web.console.actions import explanation
@@ -36,13 +37,6 @@ PREVIEW_ROWS = 20
 SCAN_FACTOR = 10
 #: The audit page's CSV holds at most this many rows, newest first.
 CSV_ROWS = 10_000
-#: Why a cancel lost, as the API answers it (409 and its code).
-CANCEL_REFUSALS = {
-    CancelOutcome.ALREADY_PROCESSING: "a worker is charging it (or it waits for the processor)",
-    CancelOutcome.ALREADY_COMPLETED: "it is already COMPLETED",
-    CancelOutcome.ALREADY_FAILED: "it is already FAILED",
-    CancelOutcome.OUTCOME_IN_DOUBT: "an earlier call may have charged it (in doubt)",
-}
 
 
 def _pool():
@@ -54,7 +48,7 @@ def _config():
 
 
 def _action(name: str) -> str:
-    if name not in LABELS:
+    if name not in console_bulk.LETTER_ACTIONS:
         raise ConsoleRefused(404, "No such action.")
     return LABELS[name]
 
@@ -108,6 +102,53 @@ def select(conn, chosen: filters.LetterFilter, *, cap: int) -> Selection:
                 400, "This filter reads too many dead letters to find its matches: narrow it."
             )
         cursor = page.next_cursor
+
+
+def select_pending(conn, chosen: filters.PaymentFilter, *, cap: int, today: date) -> Selection:
+    """Every PENDING payment the payments filter matches (by payer, on
+    ``payments_fair_idx``; otherwise the due stretch the list reads, on a
+    partial index of PENDING rows), up to ``cap`` (more is refused)."""
+    if chosen.status != "PENDING":
+        raise ConsoleRefused(
+            400, "A bulk cancel acts on PENDING payments: filter by Status PENDING first."
+        )
+    if chosen.payer:
+        due_from, due_to = chosen.due_range()
+        name = "pending_of_payer"
+    else:
+        due_from, due_to = chosen.window(today)
+        name = "pending_due"
+    # A PENDING payment is due at or after the live bound: the settled days
+    # below it are not planned (a payer without a due range would plan them all).
+    live_from = partitions.live_bound(conn)
+    due_from = live_from if due_from is None else max(due_from, live_from)
+    narrowed = any(v is not None for v in (chosen.failure_reason, chosen.doubt, chosen.processor))
+    scan = SCAN_FACTOR * cap if narrowed else cap + 1
+    found = conn.execute(
+        reads.QUERIES[name],
+        {
+            "payer": chosen.payer,
+            "due_from": due_from,
+            "due_to": due_to or "infinity",
+            "scan": scan,
+            "failure_reason": chosen.failure_reason,
+            "in_doubt": chosen.doubt,
+            "processor": chosen.processor,
+        },
+    ).fetchall()
+    rows = sorted(
+        ({**row, "payment_id": row["id"]} for row in found if row["id"] is not None),
+        key=lambda row: row["id"],
+    )
+    if len(rows) > cap:
+        raise ConsoleRefused(
+            400, f"More than {cap} payments match this filter (CONSOLE_BULK_MAX): narrow it."
+        )
+    if found and found[0]["scanned"] >= scan:
+        raise ConsoleRefused(
+            400, "This filter reads too many PENDING payments to find its matches: narrow it."
+        )
+    return Selection(rows)
 
 
 def digest(selection: Selection) -> str:
@@ -182,6 +223,83 @@ def bulk_preview(name: str):
         )
     else:
         flash(f"{label} of {made['payments']} payments started.", "done")
+    return redirect(url_for("console.bulk_request", request_id=made["id"]))
+
+
+@bp.route("/payments/all/cancel", methods=["GET", "POST"])
+def bulk_cancel_preview():
+    """Cancel every PENDING payment the payments filter matches: the same
+    preview, digest, cap, four eyes and runner as the dead letters' actions."""
+    config = _config()
+    source = request.form if request.method == "POST" else request.args
+    chosen = filters.PaymentFilter.from_args(source, statuses=[s.value for s in Status])
+    with _pool().connection() as conn:
+        selection = select_pending(
+            conn,
+            chosen,
+            cap=config.console_bulk_max,
+            today=current_app.extensions["paycron.clock"]().date(),
+        )
+        approval = selection.needs_approval(
+            "cancel", above_minor=config.console_approval_above_minor
+        )
+        if request.method == "GET":
+            audit("console.read", "success", target="bulk preview payments " + chosen.describe())
+            return render_template(
+                "console/bulk_preview.html",
+                name="cancel",
+                label=LABELS["cancel"],
+                query=chosen,
+                selection=selection,
+                shown=selection.rows[:PREVIEW_ROWS],
+                totals=_totals(selection.totals),
+                digest=digest(selection),
+                approval=approval,
+                explanation=(
+                    "The API's own cancel (a compare-and-swap on PENDING), made for the "
+                    "payment's payer: a payment a worker claimed meanwhile, or that an "
+                    "earlier call may have charged, is refused with the API's answer "
+                    "(409 ALREADY_PROCESSING, 409 OUTCOME_IN_DOUBT, ...) and left as it is."
+                ),
+                above=config.console_approval_above_minor,
+                minutes=config.console_approval_minutes,
+                action_url=url_for("console.bulk_cancel_preview"),
+                back_url=url_for("console.payments", **chosen.args()),
+                noun="PENDING payments",
+            )
+        reason = request.form.get("note", "").strip()
+        if not reason:
+            raise ConsoleRefused(400, "A reason is required: say why, for the audit.")
+        if len(reason) > 1000:
+            raise ConsoleRefused(400, "A reason is at most 1000 characters.")
+        if request.form.get("digest") != digest(selection):
+            raise ConsoleRefused(
+                409,
+                "The payments this filter matches changed since the preview: "
+                "look at the preview again.",
+            )
+        try:
+            made = console_bulk.request(
+                conn,
+                action="cancel",
+                selection=selection,
+                filter=chosen.query(),
+                reason=reason,
+                actor=g.operator.actor,
+                key_id=g.operator.key_id,
+                above_minor=config.console_approval_above_minor,
+                minutes=config.console_approval_minutes,
+            )
+        except BulkRefused as refused:
+            _refused(refused)
+    if made["state"] == console_bulk.AWAITING:
+        flash(
+            f"Request {made['id']} (cancel {made['payments']} payments) awaits "
+            "another operator's approval.",
+            "done",
+        )
+    else:
+        flash(f"Cancel of {made['payments']} payments started.", "done")
     return redirect(url_for("console.bulk_request", request_id=made["id"]))
 
 
@@ -322,13 +440,11 @@ def cancel(payment_id: str):
     if not reason:
         raise ConsoleRefused(400, "A reason is required: say why, for the audit.")
     with _pool().connection() as conn:
-        found = get_payment(conn, parsed, actor=None, with_attempts=False)
-        if found is None:
+        if get_payment(conn, parsed, actor=None, with_attempts=False) is None:
             raise ConsoleRefused(404, "No payment has this id.")
-        # The API's own compare-and-swap, as the payment's payer would call it.
-        outcome = transitions.cancel(conn, parsed, actor=found["payer"])
-        done = outcome is CancelOutcome.CANCELLED
-        why = None if done else f"409 {outcome.value}: {CANCEL_REFUSALS.get(outcome, '')}"
+        # The API's own compare-and-swap, as the payment's payer would call it:
+        # the same code every payment of a bulk cancel goes through.
+        done, why = console_bulk.cancel(conn, parsed)
         console_bulk.audit_row(
             conn,
             "payment.cancel",

@@ -167,12 +167,14 @@ LIMIT %(limit)s;
 -- went so far, and the endpoint's latest answer to any event (the newest
 -- delivery by the primary key, so an endpoint that is caught up still shows
 -- how its last delivery went). The page is cut before the backlog is looked
--- at, so only its endpoints are.
+-- at, so only its endpoints are. A payer (%(payer)s, NULL for any) is an
+-- equality on the same index's leading column.
 WITH page AS (
     SELECT id, actor, url, created_at, next_attempt_at, lease_until, cursor_txid,
            cursor_event_id, created_snapshot
     FROM webhook_endpoints
     WHERE deleted_at IS NULL
+      AND (%(payer)s::text IS NULL OR actor = %(payer)s)
       AND (actor, created_at, id) > (%(after_actor)s, %(after_created_at)s, %(after_id)s)
     ORDER BY actor, created_at, id
     LIMIT %(limit)s
@@ -206,3 +208,46 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) latest ON true
 ORDER BY w.actor, w.created_at, w.id;
+
+-- name: pending_of_payer
+-- A bulk cancel's payments by payer: the payer's PENDING payments due in
+-- [%(due_from)s, %(due_to)s) (payments_fair_idx, (payer, run_at) of the
+-- PENDING rows only), at most %(scan)s read and the matches of the other
+-- filters among them, with the count read.
+WITH scanned AS (
+    SELECT id, due_at, payer, amount_minor, currency, status, failure_reason, in_doubt,
+           processor
+    FROM payments
+    WHERE payer = %(payer)s AND status = 'PENDING'
+      AND due_at >= %(due_from)s AND due_at < %(due_to)s
+    LIMIT %(scan)s
+)
+SELECT (SELECT count(*) FROM scanned) AS scanned, s.*
+FROM (SELECT 1) one
+LEFT JOIN LATERAL (
+    SELECT * FROM scanned
+    WHERE (%(failure_reason)s::text IS NULL OR failure_reason = %(failure_reason)s)
+      AND (%(in_doubt)s::boolean IS NULL OR in_doubt = %(in_doubt)s)
+      AND (%(processor)s::text IS NULL OR processor = %(processor)s)
+) s ON true;
+
+-- name: pending_due
+-- A bulk cancel's payments by due range: the PENDING payments due in
+-- [%(due_from)s, %(due_to)s) (payments_sweep_idx, the PENDING rows only, of
+-- the days named), at most %(scan)s read and the matches of the other
+-- filters among them, with the count read.
+WITH scanned AS (
+    SELECT id, due_at, payer, amount_minor, currency, status, failure_reason, in_doubt,
+           processor
+    FROM payments
+    WHERE status = 'PENDING' AND due_at >= %(due_from)s AND due_at < %(due_to)s
+    LIMIT %(scan)s
+)
+SELECT (SELECT count(*) FROM scanned) AS scanned, s.*
+FROM (SELECT 1) one
+LEFT JOIN LATERAL (
+    SELECT * FROM scanned
+    WHERE (%(failure_reason)s::text IS NULL OR failure_reason = %(failure_reason)s)
+      AND (%(in_doubt)s::boolean IS NULL OR in_doubt = %(in_doubt)s)
+      AND (%(processor)s::text IS NULL OR processor = %(processor)s)
+) s ON true;

@@ -157,6 +157,19 @@ class PaymentFilter:
             parse_time(self.due_to, "Due to", end_of_day=True),
         )
 
+    def window(self, today: date) -> tuple[datetime, datetime]:
+        """The due stretch a search without a payer reads: the range given,
+        a day from one bound when only one is given, ``today`` when none."""
+        due_from, due_to = self.due_range()
+        if due_from is None and due_to is None:
+            due_from = datetime(today.year, today.month, today.day, tzinfo=UTC)
+        if due_from is None:
+            assert due_to is not None
+            due_from = due_to - timedelta(days=1)
+        if due_to is None:
+            due_to = due_from + timedelta(days=1)
+        return due_from, due_to
+
     @property
     def active(self) -> bool:
         return any(asdict(self).values())
@@ -196,6 +209,33 @@ class RunFilter:
     @property
     def day(self) -> date | None:
         return date.fromisoformat(self.day_before) if self.day_before else None
+
+    def args(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v}
+
+
+#: The Webhooks page's "Only" choices: endpoints with events waiting, or
+#: whose oldest waiting event was tried and not delivered.
+WEBHOOK_ONLY = ("backlog", "failing")
+
+
+@dataclass(frozen=True)
+class WebhookFilter:
+    """Live webhook endpoints by payer, and only those with a backlog or failing."""
+
+    payer: str | None = None
+    only: str | None = None  # "backlog", "failing" or None
+
+    @classmethod
+    def from_args(cls, args: MultiDict) -> WebhookFilter:
+        return cls(payer=_payer(args), only=_choice(args, "only", WEBHOOK_ONLY, "Only"))
+
+    @property
+    def active(self) -> bool:
+        return any(asdict(self).values())
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.args().items())
 
     def args(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v}

@@ -348,8 +348,14 @@ def reconciliation_run(
     return run, Page(items, str(items[-1]["id"]) if more else None)
 
 
-def webhook_backlog(conn: Connection, *, cursor: str | None) -> Page:
-    """Live endpoints by payer, each with its delivery backlog."""
+def webhook_backlog(
+    conn: Connection, *, cursor: str | None, payer: str | None = None, only: str | None = None
+) -> Page:
+    """Live endpoints by payer, each with its delivery backlog. ``payer``
+    rides the list's index; ``only`` ("backlog": events waiting; "failing":
+    the oldest waiting event was tried and not delivered) keeps the matches
+    among the page read, so a page so filtered may be short: follow its
+    cursor."""
     after = ("", "-infinity", _START_ID)
     if cursor:
         actor, created_at, endpoint_id = cursor.rsplit("_", 2)
@@ -362,12 +368,20 @@ def webhook_backlog(conn: Connection, *, cursor: str | None) -> Page:
             "after_id": after[2],
             "count_cap": BACKLOG_CAP + 1,
             "limit": PAGE + 1,
+            "payer": payer,
         },
     ).fetchall()
     more, rows = len(rows) > PAGE, rows[:PAGE]
     last = rows[-1] if rows else None
+    read = len(rows)
+    if only == "backlog":
+        rows = [r for r in rows if r["backlog"] > 0]
+    elif only == "failing":
+        rows = [r for r in rows if (r["head_attempts"] or 0) > 0]
     return Page(
-        rows, f"{last['actor']}_{last['created_at'].isoformat()}_{last['id']}" if more else None
+        rows,
+        f"{last['actor']}_{last['created_at'].isoformat()}_{last['id']}" if more else None,
+        read if only else None,
     )
 
 

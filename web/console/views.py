@@ -3,7 +3,7 @@ reconciliation, webhooks. Every page but sign-in needs a session."""
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import date
 
 from flask import current_app, flash, g, redirect, render_template, request, session, url_for
 from psycopg.errors import DataError
@@ -12,7 +12,6 @@ from paycron.config import PROCESSORS
 from paycron.domain.enums import Status
 from paycron.domain.ids import parse_payment_id
 from paycron.store import apikeys
-from paycron.store.partitions import day_start
 from web.audit import audit
 from web.console import bp, charts, filters, page_cursor, reads
 from web.console.session import ConsoleRefused, check_csrf, current_operator
@@ -245,13 +244,7 @@ def payments_page(
         return reads.Page(kept, page.next_cursor)
     if not chosen.active:
         return None
-    if due_from is None and due_to is None:
-        due_from = day_start(today)
-    if due_from is None:
-        assert due_to is not None
-        due_from = due_to - timedelta(days=1)
-    if due_to is None:
-        due_to = due_from + timedelta(days=1)
+    due_from, due_to = chosen.window(today)
     return reads.payments_due(
         conn,
         due_from=due_from,
@@ -341,19 +334,24 @@ def reconciliation_run(run_id: int):
 
 @bp.get("/webhooks")
 def webhooks():
+    chosen = filters.WebhookFilter.from_args(request.args)
     try:
         with _pool().connection() as conn:
-            endpoints = reads.webhook_backlog(conn, cursor=page_cursor())
+            endpoints = reads.webhook_backlog(
+                conn, cursor=page_cursor(), payer=chosen.payer, only=chosen.only
+            )
     except ValueError:
         _bad("A bad page cursor.")
     payers: dict[str, list[dict]] = {}
     for row in endpoints.rows:
         payers.setdefault(row["actor"], []).append(row)
-    _read("webhook endpoints")
+    _read(" ".join(["webhook endpoints", chosen.describe()]).strip())
     return render_template(
         "console/webhooks.html",
+        query=chosen,
         endpoints=endpoints,
         payers=payers,
         cap=reads.BACKLOG_CAP,
+        page_size=reads.PAGE,
         now=_now(),
     )
