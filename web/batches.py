@@ -31,6 +31,7 @@ from web.bodies import json_object, load
 from web.payments import CreatePaymentSchema
 from web.problems import NOT_JSON, Problem, ProblemSchema, error_body, problem
 from web.schemas import PaymentSchema, ResponseSchema, Strict, compiled_dump
+from web.turns import in_turns
 
 bp = Blueprint(
     "batches",
@@ -95,7 +96,12 @@ class PlainItems:
     def load(self, item: dict) -> tuple[str, NewPayment] | None:
         if not self.enabled or not item.keys() <= self.FIELDS:
             return None
-        key, payee, amount, due = (item.get(n) for n in (KEY, "payee", "amount", "dueAt"))
+        key, payee, amount, due = (
+            item.get(KEY),
+            item.get("payee"),
+            item.get("amount"),
+            item.get("dueAt"),
+        )
         currency = item.get("currency")
         if not (
             type(key) is str
@@ -295,7 +301,8 @@ def create_batch():
         )
     charge(actor, len(items))
     plain = current_app.extensions["paycron.batch_plain_items"]
-    prepared = _refuse_foreign_methods([_prepare(item, plain) for item in items], actor, config)
+    prepared = in_turns(items, lambda part: [_prepare(item, plain) for item in part])
+    prepared = _refuse_foreign_methods(prepared, actor, config)
     with current_app.extensions["paycron.pool"].connection() as conn:
         with bounded_write(conn, config.web_statement_timeout):
             prepared = _refuse_unpartitioned(conn, prepared, config)
@@ -307,7 +314,8 @@ def create_batch():
                 smear_seconds=config.smear_seconds,
                 binding=config.customer_binding,
             )
-    return jsonify(_RESULTS.dump({"results": _results(outcomes)}))
+    results = in_turns(_results(outcomes), lambda part: _RESULTS.dump({"results": part})["results"])
+    return jsonify({"results": results})
 
 
 def _prepare(item: object, plain: PlainItems) -> BatchItem:
