@@ -241,7 +241,7 @@ def _converter(field: fields.Field) -> Callable[[Any], Any] | None:
         return lambda value: None if value is None else inner(value)
     if kind is fields.List and type(field.inner) is fields.Nested and not field.inner.many:
         each = compiled_dump(field.inner.schema)
-        return lambda value: None if value is None else [each(item) for item in value]
+        return lambda value: None if value is None else list(map(each, value))
     return None
 
 

@@ -159,7 +159,7 @@ class _Prepared:
                 q("create_batch"),
                 {"actor": self.actor, "processor": self.processor, "bound": bound},
             )
-            return {keys[row["id"]]: row for row in created}
+            return {keys[row["id"]]: row for row in created.fetchall()}
 
     def _bind(self) -> list[str]:
         """Bind the unbound customers to the actor; those this bound. Raises
@@ -234,12 +234,9 @@ def _answer(
     items = prepared.items
     used: dict[str, _Used] = {}
     for key, row in created.items():
+        row["attempts"] = []  # a payment just created has none
         used[key] = _Used(
-            items[prepared.creators[key]].body_hash,
-            row["id"],
-            row["due_at"],
-            {**row, "attempts": []},
-            True,
+            items[prepared.creators[key]].body_hash, row["id"], row["due_at"], row, True
         )
     earlier = sorted({item.key for item in items if item.key is not None} - created.keys())
     if earlier:
