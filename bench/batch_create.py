@@ -10,11 +10,15 @@ and beside the raw COPY floor, in one run on this machine.
 3. The import: one client sends ``--payments`` payments, all due at one
    instant (a month's subscriptions at 00:00 on the 1st), in batches of
    ``--batch-size`` (``--connections`` requests in flight, 1 by default),
-   each batch a new TCP connection as the Procfile's ``--keep-alive 0``
-   makes it. Figures: payments/s, the time to create them all, p50/p99 per
+   each batch on a new TCP connection. Figures: payments/s, the time to create them all, p50/p99 per
    batch, the peak RSS of the web workers. Meanwhile another actor sends
    single creates at ``--beside-rate`` per second from a process of its own:
    their p50/p99 (target p99 < 50 ms).
+
+The CPU per 1,000 payments is printed for the import (the web's workers,
+and Postgres's backends for the database, the other actor's few creates
+included) and for the COPY floor (its client, its backend): on a machine
+shared with other work the rates follow the load, the CPU much less.
 
 Every item must be answered 201 and the database must hold exactly the
 payments sent; the run fails otherwise. Targets: >= 10,000 payments/s and
