@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
-from flask import current_app, g
+from flask import current_app, g, jsonify
 from marshmallow import (
     Schema,
     ValidationError,
@@ -57,6 +57,7 @@ from web.schemas import (
     PaymentSummarySchema,
     ResponseSchema,
     Strict,
+    compiled_dump,
     unicode_text,
 )
 
@@ -356,6 +357,62 @@ class CancelledSchema(ResponseSchema):
     status = fields.String(metadata={"enum": [Status.CANCELLED.value]})
 
 
+class PlainCreates:
+    """The common create body, checked without marshmallow's machinery: an
+    ASCII payee, an amount, a dueAt and perhaps a currency, with no
+    processor fields and no processor rules. It answers exactly what
+    :class:`CreatePaymentSchema` would load, or None, and the schema then
+    decides (every refusal, every other shape): the schema costs a create
+    about 0.1 ms of CPU, this a few µs. A property test holds the two to the
+    same answers (tests/web/test_batch_items.py)."""
+
+    FIELDS = frozenset({"payee", "amount", "dueAt", "currency"})
+
+    def __init__(self, schema: CreatePaymentSchema):
+        config = schema.config
+        self.enabled = schema.processor_rules is None and not config.needs_customer
+        self.clock, self.horizon = schema.clock, timedelta(days=config.horizon_days)
+        self.max_amount, self.default_currency = config.max_amount_minor, config.default_currency
+        self.currencies = frozenset(ISO_4217)
+
+    def load(self, body: dict) -> NewPayment | None:
+        if not self.enabled or not body.keys() <= self.FIELDS:
+            return None
+        return self.new_payment(body)
+
+    def new_payment(self, body: dict) -> NewPayment | None:
+        """The payment of a body's fields, or None; other fields are the
+        caller's to have refused."""
+        payee, amount, due = body.get("payee"), body.get("amount"), body.get("dueAt")
+        currency = body.get("currency")
+        if not (
+            type(payee) is str
+            and 1 <= len(payee) <= 200
+            and payee.isascii()
+            and "\x00" not in payee
+            and type(amount) is int
+            and 1 <= amount <= self.max_amount
+            and type(due) is str
+            and (currency is None or (type(currency) is str and currency in self.currencies))
+        ):
+            return None
+        try:
+            due_at = datetime.fromisoformat(due)
+        except ValueError:
+            return None
+        if due_at.tzinfo is None:
+            return None
+        now = self.clock()
+        if not now < due_at <= now + self.horizon:
+            return None
+        return NewPayment(
+            payee=payee,
+            amount_minor=amount,
+            currency=currency or self.default_currency,
+            due_at=due_at.astimezone(UTC),
+        )
+
+
 @bp.record_once
 def _build_create_schema(state) -> None:
     # One schema per app, from its config and clock: building one per request
@@ -364,6 +421,7 @@ def _build_create_schema(state) -> None:
     extensions = state.app.extensions
     schema = CreatePaymentSchema(extensions["paycron.config"], extensions["paycron.clock"])
     extensions["paycron.create_schema"] = document_schema(state.app, CREATE_PAYMENT, schema)
+    extensions["paycron.plain_creates"] = PlainCreates(schema)
 
 
 def _pool():
@@ -445,10 +503,12 @@ def create():
     body = json_object()
     idempotency_key = load(_KEY_HEADER, headers(_KEY_HEADER))["idempotency_key"]
     body_hash = payments.request_hash(body)
-    try:
-        new = load(current_app.extensions["paycron.create_schema"], body)
-    except ValidationFailed as refused:
-        return _replay_or_raise(actor, idempotency_key, body_hash, refused)
+    new = current_app.extensions["paycron.plain_creates"].load(body)
+    if new is None:
+        try:
+            new = load(current_app.extensions["paycron.create_schema"], body)
+        except ValidationFailed as refused:
+            return _replay_or_raise(actor, idempotency_key, body_hash, refused)
     config = current_app.extensions["paycron.config"]
     refused_method = _payment_method_refusal(actor, new, config)
     if refused_method is not None:
@@ -511,10 +571,18 @@ def _write_bound() -> float:
 
 
 def _created(payment: dict, replayed: bool):
-    headers = {"Location": f"{bp.url_prefix}/{payment['id']}"}
+    """The 201 as the route documents it (PaymentSchema), dumped by
+    :func:`web.schemas.compiled_dump` rather than by the schema: a response
+    object passes through flask-smorest as it is."""
+    response = jsonify(_dump_payment(payment))
+    response.status_code = 201
+    response.headers["Location"] = f"{bp.url_prefix}/{payment['id']}"
     if replayed:
-        headers["Idempotent-Replayed"] = "true"
-    return payment, headers
+        response.headers["Idempotent-Replayed"] = "true"
+    return response
+
+
+_dump_payment = compiled_dump(PaymentSchema())
 
 
 @bp.get("/<id:payment_id>")

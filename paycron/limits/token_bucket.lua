@@ -5,11 +5,17 @@
 -- ARGV[4] = '1' (all or nothing): take exactly ARGV[1] or none; returns ARGV[1]
 -- when granted, else minus the whole tokens still missing (<= -1), so the
 -- caller can say when they will be there. One script run: atomic.
+-- ARGV[5] (all or nothing only, optional): once ARGV[1] is granted, also take
+-- up to that many more if they are there (a caller's allowance for its next
+-- requests); the answer counts them. ARGV[6] (optional): tokens the caller
+-- gives back first (what is left of an earlier allowance).
 local key = KEYS[1]
 local want = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local capacity = tonumber(ARGV[3])
 local all_or_nothing = ARGV[4] == '1'
+local extra = tonumber(ARGV[5] or '0') or 0
+local returned = tonumber(ARGV[6] or '0') or 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local state = redis.call('HMGET', key, 'tokens', 'at')
@@ -19,14 +25,14 @@ if tokens == nil then
   tokens = capacity
   at = now
 end
-tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
+tokens = math.min(capacity, tokens + math.max(0, now - at) * rate + returned)
 local granted = 0
 if want < 0 then
   tokens = math.min(capacity, tokens - want)
 elseif all_or_nothing then
   if tokens >= want then
-    granted = want
-    tokens = tokens - want
+    granted = want + math.max(0, math.min(extra, math.floor(tokens - want)))
+    tokens = tokens - granted
   else
     granted = -math.ceil(want - tokens)
   end

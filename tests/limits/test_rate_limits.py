@@ -110,3 +110,80 @@ def test_a_charge_of_many_takes_all_or_none(config, redis_client):
     with pytest.raises(RateLimited):
         limiter.charge("alice", 60)
     limiter.charge("bob", 500)
+
+
+def _limiter(redis_client, config, *, rate: int, burst: int, clock=time.monotonic):
+    from paycron.limits.rate_limits import ActorRateLimiter
+
+    settings = config.with_overrides(
+        api_rate_limit=rate, api_rate_burst=burst, batch_max_items=min(burst, 1000)
+    )
+    return ActorRateLimiter(redis_client, settings, clock=clock)
+
+
+def _spend(limiter, actor: str) -> int:
+    """Charges of one token until the first refusal: how many were granted."""
+    from paycron.errors import RateLimited
+
+    granted = 0
+    while True:
+        try:
+            limiter.charge(actor)
+        except RateLimited:
+            return granted
+        granted += 1
+
+
+def test_a_busy_actor_pays_a_round_trip_for_many_requests_not_each(config, redis_client):
+    limiter = _limiter(redis_client, config, rate=1000, burst=5000)
+    for _ in range(200):
+        limiter.charge("alice")
+    assert limiter.round_trips <= 25  # one per request without allowances
+
+
+def test_allowances_never_grant_more_than_the_bucket_holds(config, redis_client):
+    """Two processes' limiters sharing one bucket of 1,000 refilled at 1/s,
+    both taking allowances: together they grant what the bucket held (and
+    what refilled meanwhile), never more, and lose none of it."""
+    first = _limiter(redis_client, config, rate=1, burst=1000)
+    second = _limiter(redis_client, config, rate=1, burst=1000)
+    started = time.monotonic()
+    granted = 0
+    refused_in_a_row = 0
+    while refused_in_a_row < 2:
+        for limiter in (first, second):
+            n = _spend_some(limiter, "carol", 7)
+            granted += n
+            refused_in_a_row = 0 if n else refused_in_a_row + 1
+    refilled = time.monotonic() - started  # at 1 token/s
+    assert 1000 <= granted <= 1000 + refilled + 1
+    assert first.round_trips + second.round_trips < granted / 4
+
+
+def _spend_some(limiter, actor: str, n: int) -> int:
+    from paycron.errors import RateLimited
+
+    for done in range(n):
+        try:
+            limiter.charge(actor)
+        except RateLimited:
+            return done
+    return n
+
+
+def test_an_expired_allowance_is_not_spent_and_goes_back_with_the_next_charge(config, redis_client):
+    now = [0.0]
+    holder = _limiter(redis_client, config, rate=1, burst=1000, clock=lambda: now[0])
+    other = _limiter(redis_client, config, rate=1, burst=1000)
+    for _ in range(40):
+        holder.charge("dave")  # builds an allowance: a few spare tokens held here
+    drained = _spend(other, "dave")
+    assert drained < 1000 - 40  # some of dave's tokens sit in holder's allowance
+
+    now[0] += 1.0  # the allowance expired: its tokens are not spent ...
+    trips = holder.round_trips
+    holder.charge("dave")  # ... but given back by this charge's round trip
+    assert holder.round_trips == trips + 1
+    came_back = _spend(other, "dave")
+    assert came_back >= 1
+    assert 1000 <= 40 + drained + 1 + came_back <= 1000 + 3  # (+ refilled at 1/s meanwhile)

@@ -1,5 +1,6 @@
-"""web.batches.PlainItems, the batch's fast check of the common item, loads
-exactly what the item's schema loads, or leaves the item to the schema."""
+"""web.batches.PlainItems, the batch's fast check of the common item, and
+web.payments.PlainCreates, the single create's, load exactly what their
+schemas load, or leave the body to the schema."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ from marshmallow import ValidationError
 
 from paycron.config import Config
 from web.batches import BatchItemSchema, PlainItems
+from web.payments import CreatePaymentSchema, PlainCreates
 
 NOW = datetime(2027, 1, 15, 12, 0, tzinfo=UTC)
 CONFIG = Config(max_amount_minor=100_000_000, horizon_days=366)
 SCHEMA = BatchItemSchema(CONFIG, lambda: NOW)
 PLAIN = PlainItems(SCHEMA)
+CREATE_SCHEMA = CreatePaymentSchema(CONFIG, lambda: NOW)
+PLAIN_CREATES = PlainCreates(CREATE_SCHEMA)
 GOOD = {"idempotencyKey": "k", "payee": "acme", "amount": 1, "dueAt": "2027-01-16T00:00:00Z"}
 
 _offsets = st.sampled_from(
@@ -105,6 +109,10 @@ def test_the_fast_check_loads_what_the_schema_loads_or_nothing(item):
     fast = PLAIN.load(item)
     if fast is not None:
         assert schema_load(item) == fast
+    body = {name: value for name, value in item.items() if name != "idempotencyKey"}
+    fast_create = PLAIN_CREATES.load(body)
+    if fast_create is not None:
+        assert CREATE_SCHEMA.load(body) == fast_create
 
 
 @pytest.mark.parametrize(
@@ -127,6 +135,9 @@ def test_the_fast_check_loads_what_the_schema_loads_or_nothing(item):
 )
 def test_the_common_item_takes_the_fast_path(item):
     assert PLAIN.load(item) is not None and PLAIN.load(item) == SCHEMA.load(item)
+    body = {name: value for name, value in item.items() if name != "idempotencyKey"}
+    assert PLAIN_CREATES.load(body) is not None
+    assert PLAIN_CREATES.load(body) == CREATE_SCHEMA.load(body)
 
 
 def test_with_stripe_every_item_goes_through_the_schema():
@@ -134,6 +145,8 @@ def test_with_stripe_every_item_goes_through_the_schema():
     plain = PlainItems(BatchItemSchema(stripe, lambda: NOW))
     item = {"idempotencyKey": "k", "payee": "acme", "amount": 990, "dueAt": "2027-02-01T00:00:00Z"}
     assert plain.load(item) is None
+    del item["idempotencyKey"]
+    assert PlainCreates(CreatePaymentSchema(stripe, lambda: NOW)).load(item) is None
 
 
 # -- the answer's payments ---------------------------------------------------------------
