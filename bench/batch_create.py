@@ -10,11 +10,15 @@ and beside the raw COPY floor, in one run on this machine.
 3. The import: one client sends ``--payments`` payments, all due at one
    instant (a month's subscriptions at 00:00 on the 1st), in batches of
    ``--batch-size`` (``--connections`` requests in flight, 1 by default),
-   each batch a new TCP connection as the Procfile's ``--keep-alive 0``
-   makes it. Figures: payments/s, the time to create them all, p50/p99 per
+   each batch on a new TCP connection. Figures: payments/s, the time to create them all, p50/p99 per
    batch, the peak RSS of the web workers. Meanwhile another actor sends
    single creates at ``--beside-rate`` per second from a process of its own:
    their p50/p99 (target p99 < 50 ms).
+
+The CPU per 1,000 payments is printed for the import (the web's workers,
+and Postgres's backends for the database, the other actor's few creates
+included) and for the COPY floor (its client, its backend): on a machine
+shared with other work the rates follow the load, the CPU much less.
 
 Every item must be answered 201 and the database must hold exactly the
 payments sent; the run fails otherwise. Targets: >= 10,000 payments/s and
@@ -45,7 +49,7 @@ from pathlib import Path
 import psycopg
 
 from bench.api_saturation import Server, Wrk
-from bench.harness import REDIS_URL, UNLIMITED_API, private_database
+from bench.harness import REDIS_URL, UNLIMITED_API, postgres_cpu_seconds, private_database
 from paycron.config import Config
 from paycron.domain.ids import new_payment_id
 from paycron.store.apikeys import create_api_key
@@ -66,11 +70,13 @@ def percentile(values: list[float], p: float) -> float:
 # -- 1. the COPY floor -------------------------------------------------------------------
 
 
-def copy_floor(url: str, rows: int, batch_size: int, due: datetime) -> float:
-    """Rows per second (each a payment, its key and its event) COPYed by one client."""
+def copy_floor(url: str, rows: int, batch_size: int, due: datetime) -> tuple[float, float, float]:
+    """Rows per second (each a payment, its key and its event) COPYed by one
+    client, and the CPU seconds per row of the client and of Postgres."""
     due_text = due.isoformat()
     with psycopg.connect(url) as conn:
-        started = time.perf_counter()
+        started, client_cpu = time.perf_counter(), time.process_time()
+        postgres_cpu = postgres_cpu_seconds(url)
         for start in range(0, rows, batch_size):
             n = min(batch_size, rows - start)
             ids = [new_payment_id(due) for _ in range(n)]
@@ -99,7 +105,9 @@ def copy_floor(url: str, rows: int, batch_size: int, due: datetime) -> float:
                         data = json.dumps({"amount": 990, "currency": "USD", "dueAt": due_text})
                         copy.write_row((pid, "floor", "payment.created", "PENDING", 0, data))
         seconds = time.perf_counter() - started
-    return rows / seconds
+        postgres_cpu = postgres_cpu_seconds(url) - postgres_cpu
+        client_cpu = time.process_time() - client_cpu
+    return rows / seconds, client_cpu / rows, postgres_cpu / rows
 
 
 # -- 3. the import -----------------------------------------------------------------------
@@ -183,7 +191,7 @@ def peak_rss_mb(session: int) -> tuple[float, float]:
     return (max(peaks, default=0.0), sum(peaks))
 
 
-def run_import(web: Server, token: str, other: str, args, due: str) -> dict:
+def run_import(web: Server, url: str, token: str, other: str, args, due: str) -> dict:
     port = web.port
     stop = multiprocessing.Event()
     receive, send = multiprocessing.Pipe(duplex=False)
@@ -203,6 +211,7 @@ def run_import(web: Server, token: str, other: str, args, due: str) -> dict:
             latencies.append(elapsed * 1000)
 
     started = time.perf_counter()
+    web_cpu, postgres_cpu = web.cpu(), postgres_cpu_seconds(url)
     with ThreadPoolExecutor(args.connections) as pool:
         # at most 2 x connections bodies made ahead: memory of a few batches
         pending = []
@@ -213,6 +222,7 @@ def run_import(web: Server, token: str, other: str, args, due: str) -> dict:
         for future in pending:
             future.result()
     seconds = time.perf_counter() - started
+    web_cpu, postgres_cpu = web.cpu() - web_cpu, postgres_cpu_seconds(url) - postgres_cpu
     time.sleep(1.0)
     stop.set()
     beside_latencies, beside_errors = receive.recv()
@@ -226,6 +236,8 @@ def run_import(web: Server, token: str, other: str, args, due: str) -> dict:
         "beside": beside_latencies,
         "beside_errors": beside_errors,
         "rss": peak_rss_mb(web.proc.pid),
+        "web_cpu": web_cpu / args.payments,
+        "postgres_cpu": postgres_cpu / args.payments,
     }
 
 
@@ -260,7 +272,9 @@ def main() -> None:
             "SENTRY_DSN": "",
             **UNLIMITED_API,
         }
-        floor = copy_floor(url, args.copy_rows, args.batch_size, instant - timedelta(hours=1))
+        floor, floor_client_cpu, floor_postgres_cpu = copy_floor(
+            url, args.copy_rows, args.batch_size, instant - timedelta(hours=1)
+        )
         web = Server("web", "web:create_app()", env, workers=5, threads=4, logdir=workdir)
         server_args = web.args
         try:
@@ -269,7 +283,7 @@ def main() -> None:
             single = wrk.run(
                 web.url, seconds=args.single_seconds, connections=args.single_connections
             )
-            imported = run_import(web, token, other, args, instant.isoformat())
+            imported = run_import(web, url, token, other, args, instant.isoformat())
         finally:
             web.stop()
             import redis
@@ -309,6 +323,11 @@ def main() -> None:
     print(
         f"per batch                           : p50 {imported['p50']:.0f} ms, p99 "
         f"{imported['p99']:.0f} ms"
+    )
+    print(
+        f"CPU per 1,000 payments              : import: web {1e6 * imported['web_cpu']:.0f} ms + "
+        f"Postgres {1e6 * imported['postgres_cpu']:.0f} ms; COPY floor: client "
+        f"{1e6 * floor_client_cpu:.0f} ms + Postgres {1e6 * floor_postgres_cpu:.0f} ms"
     )
     print(f"batch / single                      : {rate / single.rate:8.1f} x  (target >= 12)")
     ratio = rate / floor

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from flask import current_app, g, jsonify, request
-from marshmallow import ValidationError, fields, post_load, validate
+from marshmallow import ValidationError, fields, post_load, utils, validate
 
 from paycron.config import Config
 from paycron.errors import PaycronError, PaymentMethodNotCustomers, ValidationFailed
@@ -29,6 +29,7 @@ from web.bodies import json_object, load
 from web.payments import CreatePaymentSchema, PlainCreates
 from web.problems import NOT_JSON, Problem, ProblemSchema, error_body, problem
 from web.schemas import PaymentSchema, ResponseSchema, Strict, compiled_dump
+from web.turns import in_turns
 
 bp = Blueprint(
     "batches",
@@ -97,12 +98,23 @@ class PlainItems:
 _PRINTABLE = re.compile(r"^[\x20-\x7e]*$")
 
 
+class _Items(fields.List):
+    """The envelope's ``items``: a list, taken as it is (each item is loaded
+    on its own afterwards). ``List`` would pass each through its ``Raw``
+    field, which accepts anything: ~3 ms per 1,000 items for nothing."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not utils.is_collection(value):
+            raise self.make_error("invalid")
+        return list(value)
+
+
 class BatchRequestSchema(Strict):
     """The envelope. Its ``items`` are loaded one by one (BatchItemSchema),
     so a bad item is refused on its own; the document says an item may be
     anything, each being answered in its result."""
 
-    items = fields.List(
+    items = _Items(
         fields.Raw(
             allow_none=True,
             metadata={
@@ -260,7 +272,8 @@ def create_batch():
         )
     charge(actor, len(items))
     plain = current_app.extensions["paycron.batch_plain_items"]
-    prepared = _refuse_foreign_methods([_prepare(item, plain) for item in items], actor, config)
+    prepared = in_turns(items, lambda part: [_prepare(item, plain) for item in part])
+    prepared = _refuse_foreign_methods(prepared, actor, config)
     with current_app.extensions["paycron.pool"].connection() as conn:
         with bounded_write(conn, config.web_statement_timeout):
             prepared = _refuse_unpartitioned(conn, prepared, config)
@@ -272,7 +285,8 @@ def create_batch():
                 smear_seconds=config.smear_seconds,
                 binding=config.customer_binding,
             )
-    return jsonify(_RESULTS.dump({"results": _results(outcomes)}))
+    results = in_turns(_results(outcomes), lambda part: _RESULTS.dump({"results": part})["results"])
+    return jsonify({"results": results})
 
 
 def _prepare(item: object, plain: PlainItems) -> BatchItem:
@@ -281,7 +295,9 @@ def _prepare(item: object, plain: PlainItems) -> BatchItem:
     is still answered whatever else is wrong, as a single create's is)."""
     if not isinstance(item, dict):
         return BatchItem(None, None, refusal=ValidationFailed(NOT_AN_OBJECT))
-    body_hash = request_hash({name: value for name, value in item.items() if name != KEY})
+    body = dict(item)
+    body.pop(KEY, None)
+    body_hash = request_hash(body)
     loaded = plain.load(item)
     if loaded is not None:
         return BatchItem(loaded[0], body_hash, new=loaded[1])

@@ -5,9 +5,10 @@ single create of each would answer had they been sent one after another:
 a payment created, the replay of an earlier create under the same key and
 body (also one earlier in the same batch), a 409 for a key used with
 another body, or the item's own refusal. The writes are set-based: the
-keys, the payments and their created events of every item that creates go
-in one statement (``create_batch``, arrays unnested), so a batch costs a
-handful of round trips whatever its size, and they commit together.
+items that create are COPYed into a staging table, and their keys, their
+payments and their created events go in one statement from there
+(``create_batch``), so a batch costs a handful of round trips whatever its
+size, and they commit together.
 
 Race-safety is the single create's: an insert of a key another transaction
 is inserting waits for it, then inserts nothing, and the item becomes a
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
-from paycron.domain.ids import new_payment_id
+from paycron.domain.ids import new_payment_ids
 from paycron.errors import CustomerNotYours, IdempotencyKeyReused, PaycronError
 from paycron.sql import q
 from paycron.store.customers import FIRST_USE, refusal
@@ -151,26 +152,32 @@ class _Prepared:
             rows.append((key, item.new, item.body_hash))
         if not rows:
             return {}
-        params = _arrays(self.actor, rows, smear_seconds)
-        params["processor"] = self.processor
-        if not self.unbound:
-            params["bound"] = []
-            return {row["key"]: row for row in self.conn.execute(q("create_batch"), params)}
         with self.conn.transaction():
-            bound = {
-                row["customer"]
-                for row in self.conn.execute(
-                    q("bind_customers"),
-                    {"processor": self.processor, "actor": self.actor, "customers": self.unbound},
-                )
-            }
-            raced = set(self.unbound) - bound
-            if raced and any(
-                owner != self.actor for owner in _owners(self.conn, self.processor, raced).values()
-            ):
-                raise _StartOver  # leaving the block rolls the bindings back
-            params["bound"] = sorted(bound)
-            return {row["key"]: row for row in self.conn.execute(q("create_batch"), params)}
+            bound = self._bind() if self.unbound else []
+            keys = _stage(self.conn, rows, smear_seconds)
+            created = self.conn.execute(
+                q("create_batch"),
+                {"actor": self.actor, "processor": self.processor, "bound": bound},
+            )
+            return {keys[row["id"]]: row for row in created.fetchall()}
+
+    def _bind(self) -> list[str]:
+        """Bind the unbound customers to the actor; those this bound. Raises
+        :class:`_StartOver` when one was bound to another payer meanwhile
+        (the caller's transaction then rolls the bindings back)."""
+        bound = {
+            row["customer"]
+            for row in self.conn.execute(
+                q("bind_customers"),
+                {"processor": self.processor, "actor": self.actor, "customers": self.unbound},
+            )
+        }
+        raced = set(self.unbound) - bound
+        if raced and any(
+            owner != self.actor for owner in _owners(self.conn, self.processor, raced).values()
+        ):
+            raise _StartOver
+        return sorted(bound)
 
 
 def _customer(item: BatchItem) -> str | None:
@@ -188,26 +195,34 @@ def _owners(conn: Connection, processor: str, customers: Iterable[str]) -> dict[
     return {row["customer"]: row["actor"] for row in rows}
 
 
-def _arrays(actor: str, rows: list[tuple[str, NewPayment, bytes]], smear_seconds: float) -> dict:
-    """The create_batch parameters: one array per column, one element per item."""
-    due_ats = [new.due_at for _, new, _ in rows]
-    run_ats = due_ats
-    if smear_seconds > 0:
-        # Humans schedule for round times; smearing spreads a midnight spike.
-        run_ats = [due + timedelta(seconds=random.uniform(0, smear_seconds)) for due in due_ats]
-    return {
-        "actor": actor,
-        "keys": [key for key, _, _ in rows],
-        "request_hashes": [body_hash for _, _, body_hash in rows],
-        "ids": [new_payment_id(due) for due in due_ats],
-        "due_ats": due_ats,
-        "payees": [new.payee for _, new, _ in rows],
-        "amounts": [new.amount_minor for _, new, _ in rows],
-        "currencies": [new.currency for _, new, _ in rows],
-        "run_ats": run_ats,
-        "payment_methods": [new.payment_method for _, new, _ in rows],
-        "customers": [new.customer for _, new, _ in rows],
-    }
+#: The types of copy_batch_items's columns, in its order (binary COPY needs them).
+_STAGED_TYPES = [
+    "int4", "text", "bytea", "uuid", "timestamptz", "text", "int8", "text", "timestamptz",
+    "text", "text",
+]  # fmt: skip
+
+
+def _stage(
+    conn: Connection, rows: list[tuple[str, NewPayment, bytes]], smear_seconds: float
+) -> dict[uuid.UUID, str]:
+    """The rows into the session's staging table (``batch_items``), in their
+    order, each with a new payment id; the key of each payment id."""
+    conn.execute(q("stage_batch_items"))
+    ids = new_payment_ids([new.due_at for _, new, _ in rows])
+    keys: dict[uuid.UUID, str] = {}
+    with conn.cursor().copy(q("copy_batch_items")) as copy:
+        copy.set_types(_STAGED_TYPES)
+        for place, ((key, new, body_hash), payment_id) in enumerate(zip(rows, ids, strict=True)):
+            run_at = new.due_at
+            if smear_seconds > 0:
+                # Humans schedule for round times; smearing spreads a midnight spike.
+                run_at += timedelta(seconds=random.uniform(0, smear_seconds))
+            copy.write_row(
+                (place, key, body_hash, payment_id, new.due_at, new.payee, new.amount_minor,
+                 new.currency, run_at, new.payment_method, new.customer)
+            )  # fmt: skip
+            keys[payment_id] = key
+    return keys
 
 
 def _answer(
@@ -219,13 +234,9 @@ def _answer(
     items = prepared.items
     used: dict[str, _Used] = {}
     for key, row in created.items():
-        del row["key"]
+        row["attempts"] = []  # a payment just created has none
         used[key] = _Used(
-            items[prepared.creators[key]].body_hash,
-            row["id"],
-            row["due_at"],
-            {**row, "attempts": []},
-            True,
+            items[prepared.creators[key]].body_hash, row["id"], row["due_at"], row, True
         )
     earlier = sorted({item.key for item in items if item.key is not None} - created.keys())
     if earlier:

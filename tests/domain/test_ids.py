@@ -2,7 +2,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from paycron.domain.ids import due_range, new_payment_id, parse_payment_id
+from paycron.domain.ids import due_range, new_payment_id, new_payment_ids, parse_payment_id
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,23 @@ def test_ids_are_random_beyond_the_due_time():
     due_at = datetime(2026, 12, 1, tzinfo=UTC)
     ids = {new_payment_id(due_at) for _ in range(1000)}
     assert len(ids) == 1000
+
+
+def test_ids_made_together_are_ids_made_one_by_one():
+    """new_payment_ids reads the random bits of them all at once: each id
+    still carries its own due range, and every random bit varies."""
+    due_ats = [datetime(2026, 12, 1, tzinfo=UTC) + timedelta(milliseconds=n) for n in range(2000)]
+    ids = new_payment_ids(due_ats)
+    assert len(set(ids)) == len(due_ats)
+    for payment_id, due_at in zip(ids, due_ats, strict=True):
+        start, _ = due_range(payment_id)
+        assert start == due_at and parse_payment_id(str(payment_id)) == payment_id
+    random_bits = ((1 << 80) - 1) & ~(0xF << 76) & ~(0b11 << 62)
+    varied = 0
+    for payment_id in ids:
+        varied |= (payment_id.int ^ ids[0].int) & random_bits
+    assert varied == random_bits
+    assert new_payment_ids([]) == []
 
 
 @pytest.mark.parametrize(

@@ -175,3 +175,47 @@ def test_the_compiled_dump_is_the_schemas_dump_for_payments_in_every_state(conn)
         assert fast(payment) == schema.dump(payment), state
         result = {"index": 3, "status": 201, "replayed": True, "payment": payment}
         assert fast_created(result) == created.dump(result)
+
+
+def test_the_compiled_dump_formats_a_repeated_time_as_the_schema_does():
+    """The compiled dump answers a time equal to the field's last one without
+    formatting it again: equal instants in other offsets, or with another
+    tzinfo, still get their own text."""
+    from zoneinfo import ZoneInfo
+
+    from web.schemas import PaymentSchema, compiled_dump
+
+    schema = PaymentSchema()
+    fast = compiled_dump(schema)
+    at = datetime(2027, 1, 15, 12, 0, 0, 120000, tzinfo=UTC)
+    times = [
+        at,
+        at + timedelta(0),  # equal, another object
+        at.astimezone(timezone(timedelta(hours=9))),  # the same instant, another offset
+        at,
+        at.replace(tzinfo=timezone(timedelta(0))),  # UTC by another tzinfo
+        at.astimezone(ZoneInfo("America/New_York")),
+        at.astimezone(ZoneInfo("America/New_York")),
+        at.replace(microsecond=0),
+        at,
+    ]
+    for when in times:
+        row = {
+            "id": "0190c7b2-3c4d-7e8f-9a0b-1c2d3e4f5a6b",
+            "payer": "alice",
+            "payee": "acme",
+            "amount_minor": 990,
+            "currency": "USD",
+            "payment_method": None,
+            "customer": None,
+            "due_at": when,
+            "status": "COMPLETED",
+            "failure_reason": None,
+            "in_doubt": False,
+            "run_at": when,
+            "refunded_at": None,
+            "created_at": when,
+            "updated_at": at,
+            "attempts": [],
+        }
+        assert fast(row) == schema.dump(row), when

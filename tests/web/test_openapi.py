@@ -382,8 +382,10 @@ def api_schema(app, gateway, make_key, conn, config, tmp_path):
         elif case.operation.label == "POST /v1/scheduled-payments/batch" and isinstance(
             case.body, dict
         ):
-            # Each item as the single create's body above, so items get created.
-            for item in case.body.get("items") or []:
+            # Each item as the single create's body above, so items get created
+            # (items may be drawn as anything, true or a number among them).
+            items = case.body.get("items")
+            for item in items if isinstance(items, list) else []:
                 if isinstance(item, dict):
                     _into_the_create_window(item, config.horizon_days)
                     key = item.get("idempotencyKey")
