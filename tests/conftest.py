@@ -321,6 +321,48 @@ def iso(when: datetime) -> str:
 #: run harnesses: the slow lane. Everything else is the fast lane.
 SLOW_FOLDERS = ("processes",)
 
+#: ./dev test runs the slow lane in two processes (pytest-xdist, ``--dist
+#: loadgroup``): each test is a unit of work on its own, except that the
+#: tests of one group run one after another, in one process. A group is named
+#: here, by node id (a file's, or one test's), not by xdist_group marks: xdist
+#: passes those on by rewriting node ids, which pytest 9.2 no longer reads.
+SLOW_LANE_GROUPS = {
+    # Each drives the whole system hard for half a minute or more (the
+    # soaks, the failover, the benchmarks that saturate the API): two at once
+    # would compete for the CPU, on a machine with two.
+    "tests/processes/test_soak_short.py": "whole system",
+    "tests/processes/test_failover_short.py": "whole system",
+    "tests/processes/test_batch_bench.py": "whole system",
+    "tests/processes/test_bench_smoke.py::test_bench_smoke[api_saturation]": "whole system",
+    "tests/processes/test_bench_smoke.py::test_bench_smoke[slowloris]": "whole system",
+    # A module-scoped browser or cluster, started once (and one at a time).
+    "tests/processes/test_console_browser.py": "browser",
+    "tests/processes/test_console_bulk_browser.py": "browser",
+    "tests/processes/test_patroni.py": "patroni",
+}
+
+
+def slow_lane_unit(nodeid: str) -> str:
+    """The unit of work ``nodeid`` belongs to: its group, or itself."""
+    for prefix, group in SLOW_LANE_GROUPS.items():
+        if nodeid == prefix or nodeid.startswith(f"{prefix}::"):
+            return group
+    return nodeid
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups of SLOW_LANE_GROUPS."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlowLaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return slow_lane_unit(nodeid)
+
+    return SlowLaneScheduling(config, log)
+
 
 def pytest_collection_modifyitems(config, items):
     root = Path(__file__).resolve().parent
