@@ -285,7 +285,8 @@ def test_a_failing_receiver_gets_every_event_later_with_backoff(
     receiver = receivers(statuses=[500] * 3)
     endpoint = register(client, alice, receiver)
     ids = [insert_event(conn) for _ in range(3)]
-    relay = relays()
+    # Backoffs of 1.6-2 s: long enough to see one from here on a loaded machine.
+    relay = relays(backoff_base_seconds=2.0, backoff_max_seconds=2.0)
 
     until(lambda: receiver.deliveries, relay)
     head = deliveries(conn, endpoint)
