@@ -49,7 +49,13 @@ from pathlib import Path
 import psycopg
 
 from bench.api_saturation import Server, Wrk
-from bench.harness import REDIS_URL, UNLIMITED_API, postgres_cpu_seconds, private_database
+from bench.harness import (
+    REDIS_URL,
+    SMOKE_ENV,
+    UNLIMITED_API,
+    postgres_cpu_seconds,
+    private_database,
+)
 from paycron.config import Config
 from paycron.domain.ids import new_payment_id
 from paycron.store.apikeys import create_api_key
@@ -255,6 +261,7 @@ def main() -> None:
     if args.smoke:
         args.payments, args.batch_size, args.copy_rows = 3000, 500, 2000
         args.single_seconds, args.single_connections = 2.0, 8
+        os.environ.update(SMOKE_ENV)  # a month of partitions, not a year's
     workdir = Path(tempfile.mkdtemp(prefix="paycron-batch-bench-"))
     namespace = f"paycron-bench-{uuid.uuid4().hex[:8]}"
     instant = (datetime.now(UTC) + timedelta(days=2)).replace(hour=0, minute=0, second=0)

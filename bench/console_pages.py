@@ -9,13 +9,14 @@ one payment in 500 FAILED and one in 2,000 parked in doubt with an open
 dead letter), one payer's idempotency rows (the payer search's order) for
 a fifth of them, a first attempt for each payment due in the last two
 hours, 1,000 webhook endpoints of 500 payers with 100,000 undelivered
-events (and 200,000 delivery rows for one endpoint), and 30 reconciliation
-runs. Then rolls up the history (``history_minutes``: the 8 days' backfill,
-then a steady run) and times each console page through the Flask test
-client, signed in, after a warm-up (the filtered lists, the bulk preview,
-approvals and audit, the History page in its three ranges, an endpoint's
-deliveries, a payer's CSV export at its 10,000-row cap, two filtered
-exports of a week's due range); the overview's read is timed uncached.
+events (and 200,000 delivery rows for one endpoint; ``--events``,
+``--deliveries``), and 30 reconciliation runs. Then rolls up the history
+(``history_minutes``: the 8 days' backfill, then a steady run) and times
+each console page through the Flask test client, signed in, after a
+warm-up (the filtered lists, the bulk preview, approvals and audit, the
+History page in its three ranges, an endpoint's deliveries, a payer's CSV
+export at its 10,000-row cap, two filtered exports of a week's due range);
+the overview's read is timed uncached.
 Prints each page's median and p95 in milliseconds, the roller's runs, then
 the time to request and run a bulk dismiss of one payer's dead letters.
 """
@@ -45,7 +46,7 @@ CANCELLER = "payer-7"
 WARMUP = 3
 
 
-def load(conn, n: int) -> dict:
+def load(conn, n: int, events: int, deliveries: int) -> dict:
     now = datetime.now(UTC)
     start = now.replace(hour=0, minute=0, second=0, microsecond=0)
     # the week before today has partitions too (retention keeps 90 days)
@@ -143,8 +144,9 @@ def load(conn, n: int) -> dict:
         )
         conn.execute(
             "INSERT INTO payment_events (payment_id, payer, type, status, attempt) "
-            "SELECT gen_random_uuid(), 'payer-' || (g % 500), 'payment.created', "
-            "'PENDING', 0 FROM generate_series(1, 100000) g"
+            "SELECT gen_random_uuid(), 'payer-' || (g %% 500), 'payment.created', "
+            "'PENDING', 0 FROM generate_series(1, %s) g",
+            (events,),
         )
         endpoint = conn.execute("SELECT id FROM webhook_endpoints ORDER BY id LIMIT 1").fetchone()[
             "id"
@@ -152,8 +154,8 @@ def load(conn, n: int) -> dict:
         conn.execute(
             "INSERT INTO webhook_deliveries (endpoint_id, event_id, attempts, last_status, "
             "last_latency_ms, delivered_at) "
-            "SELECT %s, g, 1, 200, 40 + g %% 200, now() FROM generate_series(1, 200000) g",
-            (endpoint,),
+            "SELECT %s, g, 1, 200, 40 + g %% 200, now() FROM generate_series(1, %s) g",
+            (endpoint, deliveries),
         )
         conn.execute(
             "INSERT INTO reconciliation_runs (day, source, finished_at, charges_seen) "
@@ -209,14 +211,14 @@ def timed(client, url: str, samples: int, *, expect: tuple[int, ...] = (200, 302
     return times
 
 
-def run(payments: int, requests: int) -> None:
+def run(payments: int, requests: int, events: int, deliveries: int) -> None:
     from web import create_app
     from web.console import reads
 
     with private_database("paycron_bench_console") as url:
         with connect(Config(database_url=url)) as conn:
             loaded_at = time.perf_counter()
-            seeded = load(conn, payments)
+            seeded = load(conn, payments, events, deliveries)
             loaded = time.perf_counter() - loaded_at
             rollups = roll_up(conn)
             key, _ = apikeys.create_api_key(conn, "bench-ops", admin=True)
@@ -387,7 +389,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--payments", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=30)
-    args = vars(parse_args(parser, payments=2000, requests=2))
+    parser.add_argument("--events", type=int, default=100_000, help="undelivered webhook events")
+    parser.add_argument(
+        "--deliveries", type=int, default=200_000, help="delivery rows of one endpoint"
+    )
+    args = vars(parse_args(parser, payments=2000, requests=2, events=200, deliveries=400))
     args.pop("smoke")
     run(**args)
 

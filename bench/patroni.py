@@ -44,6 +44,8 @@ import yaml
 from devtools.procs import free_port
 
 SCOPE = "paycron-bench"
+#: Lines of each member's logs a failure to start quotes.
+LOG_TAIL = 20
 
 
 @dataclass(frozen=True)
@@ -490,7 +492,7 @@ class PatroniCluster:
                 if leader is not not_:
                     return leader
             time.sleep(0.1)
-        raise RuntimeError(f"no leader after {timeout} s (logs in {self.workdir})")
+        raise self._failed(f"no leader after {timeout} s")
 
     def synchronous_standby(self) -> str | None:
         """The member the leader's commits wait for, per the DCS."""
@@ -514,7 +516,18 @@ class PatroniCluster:
             if name is not None:
                 return name
             time.sleep(0.2)
-        raise RuntimeError(f"no synchronous standby after {timeout} s (logs in {self.workdir})")
+        raise self._failed(f"no synchronous standby after {timeout} s")
+
+    def _failed(self, what: str) -> RuntimeError:
+        """``what``, with the end of each member's logs: the work directory
+        goes when the cluster is destroyed, before anyone reads it."""
+        tails = []
+        for member in self.members:
+            for name in ("agent.out", "patroni.log"):
+                with contextlib.suppress(OSError):
+                    lines = (member.dir / name).read_text(errors="replace").splitlines()
+                    tails.append(f"-- {member.name}/{name}:\n" + "\n".join(lines[-LOG_TAIL:]))
+        return RuntimeError("\n".join([f"{what} (logs in {self.workdir})", *tails]))
 
     def stop(self) -> None:
         for member in self.members:

@@ -16,13 +16,14 @@ For each server, in one run:
    server closes is reopened at once, as an attacker would. While they are
    held, 1 and 2 again.
 
-A probe waits at most 2 s (counted as failed beyond), wrk 10 s; every phase is
-bounded in time; everything is on 127.0.0.1. The figures compare within the
-run only: the machine is shared, so absolute numbers move between runs.
+A probe waits at most 2 s (counted as failed beyond), a probe phase at most
+``--probe-seconds`` or 0.1 s a probe (the longer), wrk 10 s; every phase
+is bounded in time; everything is on 127.0.0.1. The figures compare within
+the run only: the machine is shared, so absolute numbers move between runs.
 
     python -m bench.slowloris [--slow 200] [--seconds 10] [--probes 200]
-        [--connections 32] [--only gevent]
-    python -m bench.slowloris --smoke    # 20 + 20 slow connections, 2 s phases
+        [--connections 32] [--probe-seconds 10] [--only gevent]
+    python -m bench.slowloris --smoke    # 20 + 20 slow connections, 2 s phases, 4 s probes
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bench.api_saturation import Wrk
-from bench.harness import REDIS_URL, UNLIMITED_API, private_database
+from bench.harness import REDIS_URL, SMOKE_ENV, UNLIMITED_API, private_database
 from devtools.procs import ProcessGroup, free_port, threaded_web_args, wait_http, web_args
 from paycron.config import Config
 from paycron.store.apikeys import create_api_key
@@ -219,7 +220,7 @@ def measure(name: str, args_of, env: dict, token: str, args, workdir: Path) -> F
     proc = group.start(name, server_args)
     wrk = Wrk(token, workdir)
     url = f"http://127.0.0.1:{port}"
-    budget = max(10.0, args.probes * 0.1)
+    budget = max(args.probe_seconds, args.probes * 0.1)
     try:
         wait_http(f"{url}/healthz", proc, timeout=120)
         wrk.run(url, seconds=2, connections=args.connections)  # warm-up
@@ -259,11 +260,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="each saturation phase")
     parser.add_argument("--probes", type=int, default=200, help="requests per latency probe")
     parser.add_argument("--connections", type=int, default=32, help="wrk's connections")
+    parser.add_argument(
+        "--probe-seconds", type=float, default=10.0, help="the least a probe phase may take"
+    )
     parser.add_argument("--only", choices=("gthread", "gevent"), default=None)
     parser.add_argument("--smoke", action="store_true", help="a short run for CI")
     args = parser.parse_args()
     if args.smoke:
         args.slow, args.seconds, args.probes, args.connections = 20, 2.0, 20, 8
+        args.probe_seconds = 4.0  # a held server's probes each wait 2 s
+        os.environ.update(SMOKE_ENV)  # a month of partitions, not a year's
     args.slow = min(args.slow, 1000)  # bounded: at most 2,000 sockets
     servers = [
         ("gthread", "before: gthread 5 x 4, no keep-alive", threaded_web_args),

@@ -5,12 +5,13 @@ the Flask app, API keys and row factories."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import threading
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -23,7 +24,7 @@ from devtools.procs import ProcessGroup, free_port, gateway_args, wait_http
 from paycron.config import Config
 from paycron.store import apikeys, partitions
 from paycron.store.db import connect
-from paycron.store.migrate import migrate
+from paycron.store.migrate import MIGRATIONS_DIR, migrate, migration_files
 
 ADMIN_DSN = os.environ.get(
     "PAYCRON_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -105,15 +106,71 @@ def drop_database(name: str) -> None:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(scope="session")
-def database_url():
-    name = f"paycron_test_{RUN_ID}"
-    url = create_database(name)
-    config = Config(database_url=url)
+#: Held (on the admin database) while a template is looked for, built or copied.
+TEMPLATE_LOCK_KEY = 0x70637470  # "pctp"
+
+
+def template_name(today: date) -> str:
+    """Today's template: the migrations and the day partitions this code
+    makes, so a change to either makes a new one."""
+    digest = hashlib.sha256()
+    for path in [*migration_files(), MIGRATIONS_DIR.parent / "sql" / "admin.sql"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    config = Config()
+    digest.update(f"{config.horizon_days} {config.partition_margin_days}".encode())
+    return f"paycron_template_{today:%Y%m%d}_{digest.hexdigest()[:12]}"
+
+
+def create_migrated_database(name: str) -> str:
+    """Database ``name``, migrated, with its day partitions: a copy of
+    today's template, which the first test process to need it builds
+    (375 partitions are seconds of DDL; a copy is under one). Templates of
+    earlier days are dropped then."""
+    today = datetime.now(UTC).date()
+    template = template_name(today)
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute("SELECT pg_advisory_lock(%s)", (TEMPLATE_LOCK_KEY,))
+        try:
+            if not admin.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (template,)
+            ).fetchone():
+                _build_template(admin, template)
+                _drop_templates_before(admin, today)
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        finally:
+            admin.execute("SELECT pg_advisory_unlock(%s)", (TEMPLATE_LOCK_KEY,))
+    return dsn_for(name)
+
+
+def _build_template(admin, template: str) -> None:
+    """Built under another name, renamed when whole: a run that dies while
+    building leaves no template, only the other name, dropped next time."""
+    building = f"{template}_building"
+    admin.execute(f'DROP DATABASE IF EXISTS "{building}" WITH (FORCE)')
+    config = Config(database_url=create_database(building))
     with connect(config) as conn:
         migrate(conn)
         partitions.ensure_partitions(conn, config)
-    yield url
+    # No connections: nothing (autovacuum included) is in it when it is copied.
+    admin.execute(f'ALTER DATABASE "{building}" RENAME TO "{template}"')
+    admin.execute(f'ALTER DATABASE "{template}" WITH ALLOW_CONNECTIONS false')
+
+
+def _drop_templates_before(admin, today: date) -> None:
+    rows = admin.execute(
+        "SELECT datname FROM pg_database WHERE datname LIKE 'paycron\\_template\\_%%'"
+        " AND substring(datname from 18 for 8) < %s",
+        (f"{today:%Y%m%d}",),
+    ).fetchall()
+    for (name,) in rows:
+        with contextlib.suppress(psycopg.Error):  # being copied: next time
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@pytest.fixture(scope="session")
+def database_url():
+    name = f"paycron_test_{RUN_ID}"
+    yield create_migrated_database(name)
     drop_database(name)
 
 
@@ -320,6 +377,48 @@ def iso(when: datetime) -> str:
 #: Test folders whose tests start processes (servers, workers, a browser) or
 #: run harnesses: the slow lane. Everything else is the fast lane.
 SLOW_FOLDERS = ("processes",)
+
+#: ./dev test runs the slow lane in two processes (pytest-xdist, ``--dist
+#: loadgroup``): each test is a unit of work on its own, except that the
+#: tests of one group run one after another, in one process. A group is named
+#: here, by node id (a file's, or one test's), not by xdist_group marks: xdist
+#: passes those on by rewriting node ids, which pytest 9.2 no longer reads.
+SLOW_LANE_GROUPS = {
+    # Each drives the whole system hard for half a minute or more (the
+    # soaks, the failover, the benchmarks that saturate the API): two at once
+    # would compete for the CPU, on a machine with two.
+    "tests/processes/test_soak_short.py": "whole system",
+    "tests/processes/test_failover_short.py": "whole system",
+    "tests/processes/test_batch_bench.py": "whole system",
+    "tests/processes/test_bench_smoke.py::test_bench_smoke[api_saturation]": "whole system",
+    "tests/processes/test_bench_smoke.py::test_bench_smoke[slowloris]": "whole system",
+    # A module-scoped browser or cluster, started once (and one at a time).
+    "tests/processes/test_console_browser.py": "browser",
+    "tests/processes/test_console_bulk_browser.py": "browser",
+    "tests/processes/test_patroni.py": "patroni",
+}
+
+
+def slow_lane_unit(nodeid: str) -> str:
+    """The unit of work ``nodeid`` belongs to: its group, or itself."""
+    for prefix, group in SLOW_LANE_GROUPS.items():
+        if nodeid == prefix or nodeid.startswith(f"{prefix}::"):
+            return group
+    return nodeid
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups of SLOW_LANE_GROUPS."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlowLaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return slow_lane_unit(nodeid)
+
+    return SlowLaneScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

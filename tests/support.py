@@ -1,7 +1,8 @@
 """Helpers several test files need: a clock the test moves by hand, a
 Sentry transport that keeps what it would have sent, a webhook endpoint
 that records what it receives, and a processor that answers as a test
-scripts it, over real HTTP."""
+scripts it, over real HTTP, and a wait until a payment event is where the
+webhook relay and the events feed can read it."""
 
 from __future__ import annotations
 
@@ -345,3 +346,27 @@ class TricklingServer:
         self._stop.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+#: How long a test waits for a payment event to become sendable. The relay
+#: and the events feed read only events below the snapshot's xmin, and that
+#: is the server's, not the database's: every write transaction anywhere on
+#: the shared server that began before the event must end first (a
+#: benchmark seeding its database or a DROP DATABASE holds it for seconds,
+#: longer on a loaded machine). A wait on that condition, not a timing.
+SENDABLE_WITHIN_SECONDS = 120.0
+
+
+def wait_until_sendable(conn, event_id: int, timeout: float = SENDABLE_WITHIN_SECONDS) -> float:
+    """Wait until payment event ``event_id`` is below the snapshot's xmin,
+    where the relay and the feed can read it; the ``time.monotonic()`` at
+    which it was seen so (a test times what follows from then on)."""
+    deadline = time.monotonic() + timeout
+    while not conn.execute(
+        "SELECT txid < pg_snapshot_xmin(pg_current_snapshot()) AS sendable"
+        " FROM payment_events WHERE id = %s",
+        (event_id,),
+    ).fetchone()["sendable"]:
+        assert time.monotonic() < deadline, f"event {event_id} never became sendable"
+        time.sleep(0.02)
+    return time.monotonic()

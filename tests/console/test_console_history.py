@@ -20,7 +20,7 @@ from paycron.store.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.console_support import console_config, csrf_of
 from tests.factories import add_dead_letter, insert_event, insert_payment
-from tests.support import Clock, WebhookReceiver
+from tests.support import SENDABLE_WITHIN_SECONDS, Clock, WebhookReceiver
 
 
 @pytest.fixture
@@ -140,8 +140,8 @@ def endpoint_for(conn, url: str, payer: str = "alice") -> str:
 
 
 def delivered(relay, receiver, count: int) -> None:
-    # another session's long transaction holds the stream back (below xmin)
-    deadline = datetime.now(UTC) + timedelta(seconds=30)
+    # another database's long transaction may hold the stream back (below xmin)
+    deadline = datetime.now(UTC) + timedelta(seconds=SENDABLE_WITHIN_SECONDS)
     while len(receiver.deliveries) < count:
         assert datetime.now(UTC) < deadline, "timed out"
         relay.run_once()

@@ -19,7 +19,7 @@ from paycron.store import webhooks
 from paycron.store.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
-from tests.support import WebhookReceiver
+from tests.support import WebhookReceiver, wait_until_sendable
 
 #: A public address (it was example.com's): what the rebinding name answers first.
 PUBLIC = "93.184.215.14"
@@ -107,14 +107,17 @@ def _delivery(conn, endpoint_id) -> dict | None:
     ).fetchone()
 
 
-#: Another session on the shared server may hold the snapshot's xmin back
-#: for a moment, hiding a just-committed event from the relay.
-SETTLE_SECONDS = 15.0
+#: Once its event is sendable, the relay tries an endpoint in its first run:
+#: this bounds the runs, for a relay that never tries it.
+TRIES_WITHIN_SECONDS = 15.0
 
 
-def deliver(relay: WebhookRelay, conn, endpoint_id) -> dict:
-    """Run the relay until it has tried the endpoint once; its delivery row."""
-    deadline = time.monotonic() + SETTLE_SECONDS
+def deliver(relay: WebhookRelay, conn, endpoint_id, event_id: int) -> dict:
+    """Once the event is sendable (another database's long transaction may
+    hold it back), run the relay until it has tried the endpoint; its
+    delivery row."""
+    wait_until_sendable(conn, event_id)
+    deadline = time.monotonic() + TRIES_WITHIN_SECONDS
     while True:
         relay.run_once()
         row = _delivery(conn, endpoint_id)
@@ -156,9 +159,9 @@ def test_a_rebinding_name_does_not_reach_loopback(conn, relay_for, receiver, mon
         endpoint = webhooks.create_endpoint(
             conn, actor="alice", url=f"http://rebind.test:{receiver.port}/hooks"
         )
-        insert_event(conn, payer="alice")
+        event = insert_event(conn, payer="alice")
 
-        deliver(relay_for(CHECKED), conn, endpoint["id"])
+        deliver(relay_for(CHECKED), conn, endpoint["id"], event)
     finally:
         public.close()
 
@@ -179,12 +182,13 @@ def test_the_relay_sends_to_the_address_it_resolved_with_the_urls_host(conn, rel
     endpoint = webhooks.create_endpoint(
         conn, actor="alice", url=f"http://hooks.test:{receiver.port}/in/paycron?v=1"
     )
-    insert_event(conn, payer="alice")
+    event = insert_event(conn, payer="alice")
 
     deliver(
         relay_for(dataclasses.replace(CHECKED, allow_private_hosts=True), resolve=resolve),
         conn,
         endpoint["id"],
+        event,
     )
 
     assert requests(receiver) == [(f"hooks.test:{receiver.port}", "/in/paycron?v=1")]
@@ -202,7 +206,7 @@ def test_https_is_verified_against_the_urls_host_not_the_address(
     endpoint = webhooks.create_endpoint(
         conn, actor="alice", url=f"https://{name}:{tls_receiver.port}/hooks"
     )
-    insert_event(conn, payer="alice")
+    event = insert_event(conn, payer="alice")
 
     deliver(
         relay_for(
@@ -211,6 +215,7 @@ def test_https_is_verified_against_the_urls_host_not_the_address(
         ),
         conn,
         endpoint["id"],
+        event,
     )
 
     assert tls_receiver.server_names == [name]
@@ -227,9 +232,14 @@ def test_the_relay_refuses_a_name_that_resolves_to_loopback(conn, relay_for, rec
     endpoint = webhooks.create_endpoint(
         conn, actor="alice", url=f"http://hooks.test:{receiver.port}/"
     )
-    insert_event(conn, payer="alice")
+    event = insert_event(conn, payer="alice")
 
-    deliver(relay_for(CHECKED, resolve=lambda host: [PUBLIC, "127.0.0.1"]), conn, endpoint["id"])
+    deliver(
+        relay_for(CHECKED, resolve=lambda host: [PUBLIC, "127.0.0.1"]),
+        conn,
+        endpoint["id"],
+        event,
+    )
 
     assert receiver.deliveries == []
     assert _delivery(conn, endpoint["id"])["last_error"] == "forbidden_destination"

@@ -13,25 +13,12 @@ from paycron.store import webhooks
 from paycron.store.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
-from tests.support import TricklingServer
+from tests.support import TricklingServer, wait_until_sendable
 
 #: The trickled answer takes over 25 s; the delivery is given 1 s.
 TIMEOUT_SECONDS = 1.0
 #: Far above the deadline plus scheduling delays, far below the trickle.
 WELL_BEFORE_THE_ANSWER = 8.0
-#: Another session may hold the snapshot's xmin back for a moment.
-SETTLE_SECONDS = 60.0
-
-
-def _sendable(conn, event_id: int) -> None:
-    until = time.monotonic() + SETTLE_SECONDS
-    while not conn.execute(
-        "SELECT txid < pg_snapshot_xmin(pg_current_snapshot()) AS sendable"
-        " FROM payment_events WHERE id = %s",
-        (event_id,),
-    ).fetchone()["sendable"]:
-        assert time.monotonic() < until, "the event never became sendable"
-        time.sleep(0.02)
 
 
 def test_a_trickling_receiver_fails_its_delivery_by_the_deadline(config, conn):
@@ -46,7 +33,7 @@ def test_a_trickling_receiver_fails_its_delivery_by_the_deadline(config, conn):
     relay = WebhookRelay(pool=pool, config=settings, rng=random.Random(7))
     try:
         endpoint = webhooks.create_endpoint(conn, actor="alice", url=receiver.url + "/hooks")
-        _sendable(conn, insert_event(conn, payer="alice"))
+        wait_until_sendable(conn, insert_event(conn, payer="alice"))
         started = time.monotonic()
         counts = relay.run_once()
         seconds = time.monotonic() - started

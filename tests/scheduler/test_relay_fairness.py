@@ -3,10 +3,9 @@ webhook endpoints does not get N shares of the relay."""
 
 from __future__ import annotations
 
-import time
-
 from paycron.store import webhooks
 from tests.factories import insert_event
+from tests.support import wait_until_sendable
 
 
 def _endpoints(conn, actor: str, n: int) -> None:
@@ -24,24 +23,11 @@ def _claim(conn, limit: int) -> list[str]:
     return sorted(actor_of[lease.endpoint_id] for lease in leases)
 
 
-#: Another session on the shared server may hold the snapshot's xmin back
-#: for a moment (an event below it is not yet sendable): wait up to this long.
-SETTLE_SECONDS = 15.0
-
-
 def _seed(conn) -> None:
     _endpoints(conn, "big", 4)  # older, so first in a claim ordered by time alone
     _endpoints(conn, "small", 1)
     insert_event(conn, payer="big")
-    last = insert_event(conn, payer="small")
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while not conn.execute(
-        "SELECT txid < pg_snapshot_xmin(pg_current_snapshot()) AS sendable"
-        " FROM payment_events WHERE id = %s",
-        (last,),
-    ).fetchone()["sendable"]:
-        assert time.monotonic() < deadline, "the events never became sendable"
-        time.sleep(0.02)
+    wait_until_sendable(conn, insert_event(conn, payer="small"))
 
 
 def test_a_claim_takes_every_payers_first_endpoint_before_anyones_second(conn):

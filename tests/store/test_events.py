@@ -12,11 +12,12 @@ from psycopg.rows import dict_row
 
 from tests.conftest import future, iso
 from tests.factories import insert_event
+from tests.support import SENDABLE_WITHIN_SECONDS
 
 URL = "/v1/events"
-#: Another session on the shared server may hold the snapshot's xmin back
-#: for a moment: reads that expect events poll up to this long.
-SETTLE_SECONDS = 10.0
+#: Another database's long transaction may hold the snapshot's xmin back
+#: (tests.support): reads that expect events poll up to this long.
+SETTLE_SECONDS = SENDABLE_WITHIN_SECONDS
 
 
 def read(client, headers, *, after: str | None = None, limit: int | None = None) -> dict:

@@ -21,7 +21,7 @@ from paycron.store import events, webhooks
 from paycron.store.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
-from tests.support import WebhookReceiver
+from tests.support import SENDABLE_WITHIN_SECONDS, WebhookReceiver, wait_until_sendable
 
 URL = "/v1/webhook-endpoints"
 #: Fast relay settings: a 1 s timeout, backoff from 50 ms doubling to 400 ms.
@@ -33,9 +33,9 @@ FAST = RelayConfig.from_config(
     backoff_base_seconds=0.05,
     backoff_max_seconds=0.4,
 )
-#: Another session on the shared server may hold the snapshot's xmin back
-#: for a moment; waits for deliveries allow this long.
-SETTLE_SECONDS = 15.0
+#: Another database's long transaction may hold the snapshot's xmin back
+#: (tests.support): waits for deliveries allow this long.
+SETTLE_SECONDS = SENDABLE_WITHIN_SECONDS
 
 
 def verify(secret: str, header: str, body: bytes, *, tolerance: float = 300) -> bool:
@@ -285,7 +285,8 @@ def test_a_failing_receiver_gets_every_event_later_with_backoff(
     receiver = receivers(statuses=[500] * 3)
     endpoint = register(client, alice, receiver)
     ids = [insert_event(conn) for _ in range(3)]
-    relay = relays()
+    # Backoffs of 1.6-2 s: long enough to see one from here on a loaded machine.
+    relay = relays(backoff_base_seconds=2.0, backoff_max_seconds=2.0)
 
     until(lambda: receiver.deliveries, relay)
     head = deliveries(conn, endpoint)
@@ -340,13 +341,14 @@ def test_a_hanging_endpoint_does_not_delay_another_payers(
     relay = relays(timeout_seconds=3.0, lease_seconds=12.0, concurrency=4)
     relay.start()
 
-    insert_event(conn, payer="alice")
+    wait_until_sendable(conn, insert_event(conn, payer="alice"))
     until(lambda: hung.deliveries)  # a worker is now stuck on alice's endpoint
     for n in range(1, 4):
-        sent = time.monotonic()
-        insert_event(conn, payer="bob")
+        # Timed from when the relay can read it: another database's long
+        # transaction may hold an event back first (tests.support).
+        sendable = wait_until_sendable(conn, insert_event(conn, payer="bob"))
         until(lambda n=n: len(healthy.deliveries) >= n)
-        assert healthy.deliveries[-1].at - sent < 1.5  # well inside the 3 s hang
+        assert healthy.deliveries[-1].at - sendable < 1.5  # well inside the 3 s hang
         time.sleep(0.2)
     # Meanwhile alice's request timed out and is waiting to be retried.
     until(lambda: deliveries(conn, hung_endpoint))
