@@ -385,8 +385,10 @@ SLOW_FOLDERS = ("processes",)
 #: passes those on by rewriting node ids, which pytest 9.2 no longer reads.
 SLOW_LANE_GROUPS = {
     # Each drives the whole system hard for half a minute or more (the
-    # soaks, the failover, the benchmarks that saturate the API): two at once
-    # would compete for the CPU, on a machine with two.
+    # soaks, the failover, the benchmarks that saturate the API, ./dev up's
+    # whole Procfile from a fresh clone): two at once would compete for the
+    # CPU, on a machine with two.
+    "tests/processes/test_first_hour.py": "whole system",
     "tests/processes/test_soak_short.py": "whole system",
     "tests/processes/test_failover_short.py": "whole system",
     "tests/processes/test_batch_bench.py": "whole system",
