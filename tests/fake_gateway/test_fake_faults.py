@@ -5,6 +5,7 @@ latency distribution (checked through the latency each answer reports)."""
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -203,17 +204,30 @@ LATENCY_HEADER = "Fake-Latency-Ms"
 
 
 def timed_charges(http: httpx.Client, count: int, threads: int) -> list[tuple[float, float]]:
-    """`count` fresh charges from `threads` callers: (reported latency s, measured s) each."""
+    """`count` fresh charges from `threads` callers: (reported latency s, measured s) each.
+
+    Each caller has a client of its own: 32 threads sharing one httpx client
+    once met a connection another thread's pool bookkeeping had closed
+    (``ReadError: Bad file descriptor``), a race in the client, not the fake."""
+    local = threading.local()
+    clients: list[httpx.Client] = []
 
     def call(_: int) -> tuple[float, float]:
+        if not hasattr(local, "http"):
+            local.http = httpx.Client(base_url=http.base_url, timeout=http.timeout)
+            clients.append(local.http)
         started = time.perf_counter()
-        response = charge(http, new_key())
+        response = charge(local.http, new_key())
         elapsed = time.perf_counter() - started
         assert response.status_code == 201, response.text
         return float(response.headers[LATENCY_HEADER]) / 1000, elapsed
 
-    with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(call, range(count)))
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(call, range(count)))
+    finally:
+        for client in clients:
+            client.close()
 
 
 def test_lognormal_latency_has_the_asked_median_and_tail(client: httpx.Client) -> None:
