@@ -97,6 +97,13 @@ def _kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 # -- etcd ---------------------------------------------------------------------------------
 
 
+def cluster_version_decided(version: dict) -> bool:
+    """Whether etcd's ``/version`` answer shows the cluster running at its
+    servers' own minor version (not the 3.0.0 a new cluster starts at)."""
+    server, cluster = version.get("etcdserver", ""), version.get("etcdcluster", "")
+    return cluster.split(".")[:2] == server.split(".")[:2] != [""]
+
+
 class Etcd:
     """``members`` etcd servers forming one cluster on loopback ports."""
 
@@ -149,12 +156,20 @@ class Etcd:
         raise RuntimeError(f"etcd did not become healthy (logs in {self.workdir})")
 
     def healthy(self, name: str) -> bool:
+        """Healthy, and the cluster version decided: a new cluster reports
+        3.0.0 until its members agree on their own version, and Patroni,
+        which reads ``/version`` once, would then keep talking ``/v3alpha``
+        to a server that answers it 404 for ever."""
+        base = f"http://127.0.0.1:{self.client_ports[name]}"
         try:
-            url = f"http://127.0.0.1:{self.client_ports[name]}/health"
-            with urllib.request.urlopen(url, timeout=1) as answer:
-                return json.load(answer).get("health") == "true"
+            with urllib.request.urlopen(f"{base}/health", timeout=1) as answer:
+                if json.load(answer).get("health") != "true":
+                    return False
+            with urllib.request.urlopen(f"{base}/version", timeout=1) as answer:
+                version = json.load(answer)
         except (OSError, ValueError):
             return False
+        return cluster_version_decided(version)
 
     def stop(self) -> None:
         for proc in self.procs.values():
