@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-from flask import current_app, g, jsonify, request
+import orjson
+from flask import Response, current_app, g, request
 from marshmallow import ValidationError, fields, post_load, utils, validate
 
 from paycron.config import Config
@@ -286,7 +287,13 @@ def create_batch():
                 binding=config.customer_binding,
             )
     results = in_turns(_results(outcomes), lambda part: _RESULTS.dump({"results": part})["results"])
-    return jsonify({"results": results})
+    return Response(orjson.dumps({"results": results}, option=_JSON), mimetype="application/json")
+
+
+#: The answer's JSON by orjson, in a tenth of the json module's time (which
+#: was a tenth of a batch's CPU): jsonify's JSON (keys sorted, non-string
+#: keys as strings), its non-ASCII text as UTF-8 rather than escaped.
+_JSON = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
 
 
 def _prepare(item: object, plain: PlainItems) -> BatchItem:

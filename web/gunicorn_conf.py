@@ -9,6 +9,7 @@ applied, and says to run ``paycron migrate``."""
 
 from __future__ import annotations
 
+import gc
 import logging
 
 from paycron.config import Config
@@ -27,3 +28,11 @@ def on_starting(server) -> None:
         logging.getLogger("gunicorn.error").warning(
             "%s; /readyz answers 503 until then", describe_pending(pending)
         )
+
+
+def post_worker_init(worker) -> None:
+    """The worker has loaded the app: what exists now (modules, schemas, the
+    OpenAPI document) lives as long as the worker, so the cyclic collector
+    stops scanning it. Each full collection walked all of it again: a fifth
+    of a batch create's CPU (bench.batch_create; docs/performance.md)."""
+    gc.freeze()

@@ -320,7 +320,11 @@ class PaymentSchema(ResponseSchema):
     def _next_attempt_at(self, row: dict) -> str | None:
         if row["status"] != Status.PENDING:
             return None
-        return row["run_at"].astimezone(UTC).isoformat()
+        return _run_at_text(row["run_at"].astimezone(UTC))
+
+
+#: A batch's payments mostly share their run_at (the due time, unsmeared).
+_run_at_text = _Iso()
 
 
 class PaymentSummarySchema(PaymentSchema):

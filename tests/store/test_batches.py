@@ -3,14 +3,19 @@ whatever its size, and all or nothing of its writes commit."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
+from paycron.config import Config
 from paycron.errors import IdempotencyKeyReused
+from paycron.sql import q
 from paycron.store import batches
 from paycron.store.batches import BatchItem
+from paycron.store.db import connect
 from paycron.store.payments import Created, NewPayment, request_hash
 
 DUE = (datetime.now(UTC) + timedelta(days=2)).replace(microsecond=0)
@@ -22,9 +27,9 @@ class Counting:
     def __init__(self, conn):
         self.conn, self.statements = conn, 0
 
-    def execute(self, query, params=None):
+    def execute(self, query, params=None, **kwargs):
         self.statements += 1
-        return self.conn.execute(query, params)
+        return self.conn.execute(query, params, **kwargs)
 
     def transaction(self):
         return self.conn.transaction()
@@ -114,3 +119,40 @@ def test_days_without_a_partition_are_named(conn):
     far = today + timedelta(days=5000)
     assert batches.days_without_partition(conn, [today, today, far]) == {far}
     assert batches.days_without_partition(conn, []) == set()
+
+
+def test_replays_lock_their_keys_in_key_order(conn, database_url):
+    """Two batches replaying the same keys lock them in one order (key
+    order), whatever order the rows lie in: the UPDATE alone locked them in
+    its plan's order, and two batches whose plans differed deadlocked (a
+    503 for a client, seen under the 16-client race). Here the rows lie in
+    reverse key order; a session holding the first key makes the touch wait
+    on it, and the touch must not have locked the second key meanwhile."""
+    create(conn, [items(2)[1]])  # key-0001 first in the heap
+    create(conn, [items(2)[0]])
+    touch = q("touch_idempotency_keys")
+    keys = {"actor": "alice", "keys": ["key-0000", "key-0001"]}
+    config = Config(database_url=database_url)
+    with connect(config) as holder, connect(config) as toucher, connect(config) as prober:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM idempotency_keys WHERE key = 'key-0000' FOR UPDATE")
+        toucher.execute("BEGIN")
+        thread = threading.Thread(target=toucher.execute, args=(touch, keys))
+        thread.start()
+        try:
+            waiting = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s"
+            pid = toucher.info.backend_pid
+            deadline = time.monotonic() + 10
+            while prober.execute(waiting, (pid,)).fetchone()["wait_event_type"] != "Lock":
+                assert time.monotonic() < deadline, "the touch never waited"
+                time.sleep(0.01)
+            prober.execute("BEGIN")
+            free = prober.execute(
+                "SELECT key FROM idempotency_keys WHERE key = 'key-0001' FOR UPDATE SKIP LOCKED"
+            ).fetchall()
+            prober.execute("ROLLBACK")
+            assert free, "the touch locked key-0001 before key-0000"
+        finally:
+            holder.execute("ROLLBACK")
+            thread.join(10)
+            toucher.execute("ROLLBACK")

@@ -394,6 +394,25 @@ def test_each_item_is_charged_and_a_batch_beyond_the_bucket_is_429_whole(
     assert count(conn, "payments") == 1000
 
 
+def test_the_answer_is_the_json_of_what_a_single_create_answers(client, alice, due):
+    """The batch's answer is encoded by orjson, the single create's by
+    Flask's json: the same JSON, text outside ASCII included, refusals'
+    per-field messages included."""
+    items = [item("accented", due, payee="Zoë Café — 東京"), item("bad", due, amount="x")]
+    response = post(client, alice, items)
+    created, refused = results(response)
+    assert json.loads(response.get_data()) == response.get_json()
+    single = client.post(
+        SINGLE, json=body_of(items[0]), headers={**alice, "Idempotency-Key": "accented"}
+    )
+    assert single.status_code == 201 and single.headers.get("Idempotent-Replayed") == "true"
+    assert created["payment"] == single.get_json()
+    assert created["payment"]["payee"] == "Zoë Café — 東京"
+    lone = client.post(SINGLE, json=body_of(items[1]), headers={**alice, "Idempotency-Key": "bad"})
+    assert refused["status"] == lone.status_code == 400
+    assert refused["error"] == lone.get_json()
+
+
 # -- racing creates ---------------------------------------------------------------------
 
 
@@ -437,8 +456,21 @@ def test_sixteen_clients_racing_on_overlapping_keys_make_one_payment_per_key(
                     )
         return answers
 
+    def client(number: int) -> list[tuple[str, dict]]:
+        try:
+            return send(number)
+        except BaseException:
+            for barrier in barriers:  # the others stop now, not after the barrier's timeout
+                barrier.abort()
+            raise
+
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        answers = [a for client_answers in pool.map(send, range(clients)) for a in client_answers]
+        futures = [pool.submit(client, number) for number in range(clients)]
+    failures = [f.exception() for f in futures if f.exception() is not None]
+    # the first failure itself, not a client the failure stopped at a barrier
+    for failure in sorted(failures, key=lambda e: isinstance(e, threading.BrokenBarrierError)):
+        raise failure
+    answers = [a for future in futures for a in future.result()]
     rows = conn.execute(
         "SELECT k.key, count(p.id) AS n, min(p.id::text) AS id FROM idempotency_keys k "
         "JOIN payments p ON p.id = k.payment_id GROUP BY k.key"

@@ -71,9 +71,16 @@ WHERE actor = %(actor)s AND key = ANY(%(keys)s::text[]);
 
 -- name: touch_idempotency_keys
 -- The replays' write, as touch_idempotency_key for many keys: the batch's
--- commit then waits for the synchronous standby.
-UPDATE idempotency_keys SET request_hash = request_hash
-WHERE actor = %(actor)s AND key = ANY(%(keys)s::text[]);
+-- commit then waits for the synchronous standby. The rows are locked in key
+-- order first: an UPDATE alone locks them in its plan's order (the heap's
+-- for a scan, the index's for an index scan), and two batches replaying
+-- the same keys under different plans deadlocked.
+UPDATE idempotency_keys k SET request_hash = k.request_hash
+FROM (SELECT actor, key FROM idempotency_keys
+      WHERE actor = %(actor)s AND key = ANY(%(keys)s::text[])
+      ORDER BY key
+      FOR UPDATE) locked
+WHERE k.actor = locked.actor AND k.key = locked.key;
 
 -- name: customer_owners
 -- The actors these processor customers are bound to, for those that are bound.
