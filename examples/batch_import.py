@@ -1,13 +1,14 @@
 """Stream a CSV of payments into paycron's batch create.
 
     python examples/batch_import.py payments.csv --url http://127.0.0.1:8000 \
-        --key "$PAYCRON_API_KEY" [--batch-size 1000] [--rejects rejects.csv]
+        --key "$PAYCRON_API_KEY" [--batch-size 1000] [--in-flight 2] [--rejects rejects.csv]
 
 The CSV has a header row naming its columns: ``idempotency_key``, ``payee``,
 ``amount`` (integer minor units), ``due_at`` (RFC 3339 with an offset) and
 optionally ``currency``, ``payment_method``, ``customer``. Rows are read as
-they are sent, ``--batch-size`` at a time, so a file of millions costs the
-memory of one batch.
+they are sent, ``--batch-size`` at a time, ``--in-flight`` batches sent at
+once (two: while the server checks one, its database writes the other), so
+a file of millions costs the memory of a few batches.
 
 Every row carries its own idempotency key, so sending a batch again is
 safe: what was created is answered again (``replayed``), never created
@@ -31,7 +32,9 @@ import itertools
 import json
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
@@ -91,9 +94,10 @@ def batches(items: Iterator[tuple[int, dict]], size: int) -> Iterator[list[tuple
         yield chunk
 
 
-def send(client: httpx.Client, items: list[dict], tally: Tally) -> list[dict]:
-    """POST one batch until it is processed; its results. Retries the same
-    batch on 429 (after Retry-After), 5xx and connection errors."""
+def send(client: httpx.Client, items: list[dict]) -> tuple[list[dict], int]:
+    """POST one batch until it is processed; its results and the retries it
+    took. Retries the same batch on 429 (after Retry-After), 5xx and
+    connection errors."""
     backoff = FIRST_BACKOFF
     for attempt in range(1, MAX_ATTEMPTS + 1):
         try:
@@ -103,7 +107,7 @@ def send(client: httpx.Client, items: list[dict], tally: Tally) -> list[dict]:
             wait = backoff
         else:
             if response.status_code == 200:
-                return response.json()["results"]
+                return response.json()["results"], attempt - 1
             if response.status_code == 429:
                 reason, wait = "429", float(response.headers.get("Retry-After", backoff))
             elif response.status_code >= 500:
@@ -112,34 +116,48 @@ def send(client: httpx.Client, items: list[dict], tally: Tally) -> list[dict]:
                 raise SystemExit(f"the batch was refused: {response.status_code} {response.text}")
         if attempt == MAX_ATTEMPTS:
             raise SystemExit(f"giving up after {attempt} attempts (last: {reason})")
-        tally.retries += 1
         print(f"retrying a batch in {wait:.1f} s ({reason})", file=sys.stderr)
         time.sleep(wait)
         backoff = min(MAX_BACKOFF, backoff * 2)
     raise AssertionError("unreachable")
 
 
-def run(path: str, url: str, key: str, batch_size: int, timeout: float) -> Tally:
+def run(
+    path: str, url: str, key: str, batch_size: int, timeout: float, in_flight: int = 2
+) -> Tally:
     tally = Tally()
     headers = {"Authorization": f"Bearer {key}"}
     with open(path, newline="", encoding="utf-8") as lines:
-        with httpx.Client(base_url=url, headers=headers, timeout=timeout) as client:
+        with (
+            httpx.Client(base_url=url, headers=headers, timeout=timeout) as client,
+            ThreadPoolExecutor(in_flight) as pool,
+        ):
+            sent: deque[tuple[list[tuple[int, dict]], Future]] = deque()
             for chunk in batches(read_items(lines), batch_size):
-                results = send(client, [item for _, item in chunk], tally)
-                for (line, _), result in zip(chunk, results, strict=True):
-                    if result["status"] == 201:
-                        if result["replayed"]:
-                            tally.replayed += 1
-                        else:
-                            tally.created += 1
-                        continue
-                    tally.refused += 1
-                    error = result["error"]
-                    reason = error["code"]
-                    if error.get("errors"):
-                        reason += " " + json.dumps(error["errors"], sort_keys=True)
-                    tally.rejects.append((line, reason, error["detail"]))
+                sent.append((chunk, pool.submit(send, client, [item for _, item in chunk])))
+                if len(sent) >= in_flight:  # answers are tallied in the file's order
+                    tally_batch(tally, *sent.popleft())
+            while sent:
+                tally_batch(tally, *sent.popleft())
     return tally
+
+
+def tally_batch(tally: Tally, chunk: list[tuple[int, dict]], answered: Future) -> None:
+    results, retries = answered.result()
+    tally.retries += retries
+    for (line, _), result in zip(chunk, results, strict=True):
+        if result["status"] == 201:
+            if result["replayed"]:
+                tally.replayed += 1
+            else:
+                tally.created += 1
+            continue
+        tally.refused += 1
+        error = result["error"]
+        reason = error["code"]
+        if error.get("errors"):
+            reason += " " + json.dumps(error["errors"], sort_keys=True)
+        tally.rejects.append((line, reason, error["detail"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,11 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="paycron's API")
     parser.add_argument("--key", required=True, help="an API key (its actor is the payer)")
     parser.add_argument("--batch-size", type=int, default=1000, help="items per request")
+    parser.add_argument("--in-flight", type=int, default=2, help="batches sent at once")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     parser.add_argument("--rejects", help="write refused rows here (CSV), not to stderr")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    tally = run(args.csv, args.url, args.key, args.batch_size, args.timeout)
+    tally = run(args.csv, args.url, args.key, args.batch_size, args.timeout, args.in_flight)
     seconds = time.monotonic() - started
     if tally.rejects:
         out = open(args.rejects, "w", newline="") if args.rejects else sys.stderr
