@@ -11,8 +11,9 @@ and beside the raw COPY floor, in one run on this machine.
    instant (a month's subscriptions at 00:00 on the 1st), in batches of
    ``--batch-size`` (``--connections`` requests in flight, 2 by default as
    examples/batch_import.py sends them: while the web checks one batch,
-   Postgres writes the other), each batch on a new TCP connection. Figures: payments/s, the time to create them all, p50/p99 per
-   batch, the peak RSS of the web workers. Meanwhile another actor sends
+   Postgres writes the other), each batch on a new TCP connection.
+   Figures: payments/s, the time to create them all, p50/p99 per batch,
+   the peak RSS of the web workers. Meanwhile another actor sends
    single creates at ``--beside-rate`` per second from a process of its own:
    their p50/p99 (target p99 < 50 ms).
 
