@@ -68,7 +68,13 @@ def test_the_first_hour_from_a_fresh_clone(clone, redis_url, tmp_path):
     database = f"paycron_test_first_hour_{uuid.uuid4().hex[:8]}"
     web_port, gateway_port, hook_port = free_port(), free_port(), free_port()
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "REDIS_"))},
+        # Not PAYCRON_VENV either (CI sets it to .ci-venv): the clone's ./dev
+        # must use its .venv, this run's environment, not install a new one.
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("DATABASE_", "REDIS_")) and k != "PAYCRON_VENV"
+        },
         "DATABASE_URL": dsn_for(database),  # ./dev up creates it
         "REDIS_URL": redis_url,
         "REDIS_NAMESPACE": f"paycron-test-{uuid.uuid4().hex[:8]}",
