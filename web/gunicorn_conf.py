@@ -33,6 +33,6 @@ def on_starting(server) -> None:
 def post_worker_init(worker) -> None:
     """The worker has loaded the app: what exists now (modules, schemas, the
     OpenAPI document) lives as long as the worker, so the cyclic collector
-    stops scanning it. Each full collection walked all of it again: a fifth
-    of a batch create's CPU (bench.batch_create; docs/performance.md)."""
+    stops walking it. Every full collection walked all of it again: a fifth
+    of a batch create's CPU (docs/batch.md)."""
     gc.freeze()
