@@ -21,8 +21,8 @@ R = TypeVar("R")
 #: CPU, so another request waits at most that long for a turn, and the
 #: batch pauses forty times per 1,000 items (a pause costs a few µs). A
 #: single create waits for several turns (one per wait on Redis or the
-#: database): beside an import, at 100 items a turn their p99 was 53 ms,
-#: at 25 it is 28 ms, the import as fast (bench.batch_create).
+#: database): beside an import (one batch in flight), their p99 was 79.5 ms
+#: at 100 items a turn, 22 ms at 25, the import as fast (bench.batch_create).
 TURN_SIZE = 25
 
 
