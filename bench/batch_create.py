@@ -9,8 +9,9 @@ and beside the raw COPY floor, in one run on this machine.
    ``bench.api_saturation`` measures them.
 3. The import: one client sends ``--payments`` payments, all due at one
    instant (a month's subscriptions at 00:00 on the 1st), in batches of
-   ``--batch-size`` (``--connections`` requests in flight, 2 by default as
-   examples/batch_import.py sends them: while the web checks one batch,
+   ``--batch-size`` (``--connections`` requests in flight: 1 by default, a
+   client that sends a batch once the last one is answered, as
+   examples/batch_import.py does; with 2 the web checks one batch while
    Postgres writes the other), each batch on a new TCP connection.
    Figures: payments/s, the time to create them all, p50/p99 per batch,
    the peak RSS of the web workers. Meanwhile another actor sends
@@ -27,7 +28,7 @@ payments sent; the run fails otherwise. Targets: >= 10,000 payments/s and
 >= 0.4 x the COPY floor.
 
     python -m bench.batch_create [--payments 1000000] [--batch-size 1000]
-        [--connections 2] [--single-seconds 20] [--copy-rows 200000]
+        [--connections 1] [--single-seconds 20] [--copy-rows 200000]
     python -m bench.batch_create --smoke     # seconds, tiny N: CI's check it still runs
 """
 
@@ -253,7 +254,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--payments", type=int, default=1_000_000)
     parser.add_argument("--batch-size", type=int, default=1000)
-    parser.add_argument("--connections", type=int, default=2, help="batches in flight")
+    parser.add_argument("--connections", type=int, default=1, help="batches in flight")
     parser.add_argument("--single-seconds", type=float, default=20.0)
     parser.add_argument("--single-connections", type=int, default=32)
     parser.add_argument("--copy-rows", type=int, default=200_000)

@@ -69,7 +69,7 @@ def write_csv(path: Path, rows: int) -> None:
 def run(url: str, key: str, csv_path: Path, rejects: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(SCRIPT), str(csv_path), "--url", url, "--key", key]
-        + ["--batch-size", "200", "--rejects", str(rejects)],
+        + ["--batch-size", "200", "--in-flight", "2", "--rejects", str(rejects)],
         capture_output=True,
         text=True,
         timeout=120,
