@@ -82,8 +82,9 @@ def _processor(text: str) -> str:
     return text.lower()
 
 
-#: How a worker process runs its calls (docs/performance.md).
-EXECUTORS = ("threads", "asyncio")
+#: How a worker process runs its calls (docs/performance.md); ``auto`` is
+#: the faster of the two for the processor (:attr:`Config.execution`).
+EXECUTORS = ("auto", "threads", "asyncio")
 
 
 def _executor(text: str) -> str:
@@ -235,8 +236,9 @@ class Config:
     #: in flight, blocking clients) or ``asyncio`` (one event loop per
     #: process: Dramatiq's AsyncIO middleware, psycopg's async pool, aiohttp;
     #: the fake processor's charges only, every other request on a thread).
-    #: Same statements, same guarantees (docs/performance.md).
-    executor: str = setting("threads", _executor)
+    #: Same statements, same guarantees (docs/performance.md). ``auto``: the
+    #: faster for the processor (:attr:`execution`).
+    executor: str = setting("auto", _executor)
     #: How long a web process trusts an API key it has authenticated: a
     #: revocation reaches every process within this time; 0 checks every request.
     api_key_cache_seconds: float = setting(10.0, parse_duration)
@@ -373,6 +375,16 @@ class Config:
         """Whether the processor charges a customer's payment method (Stripe),
         so a create must name both."""
         return self.gateway == "stripe"
+
+    @property
+    def execution(self) -> str:
+        """The executor a worker runs: ``EXECUTOR``, or for ``auto`` the
+        event loop where the processor has an async client (the card
+        processor) and threads where it has none (Stripe's SDK is blocking:
+        on the loop each charge would wait for one of a few threads)."""
+        if self.executor != "auto":
+            return self.executor
+        return "threads" if self.gateway == "stripe" else "asyncio"
 
     @property
     def max_gateway_calls(self) -> int:

@@ -45,7 +45,7 @@ with one_line_errors("worker"):
 broker = (PromptRedisBroker if config.prompt_start else RedisBroker)(
     url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq"
 )
-if config.executor == "asyncio":
+if config.execution == "asyncio":
     # One event loop per process runs the async actor (paycron/engine/aio.py).
     broker.add_middleware(AsyncIO())
 dramatiq.set_broker(broker)

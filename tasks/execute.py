@@ -24,7 +24,7 @@ _OPTIONS = dict(
     time_limit=int(config.lease_seconds * 1000),
 )
 
-if config.executor == "asyncio":
+if config.execution == "asyncio":
 
     @dramatiq.actor(**_OPTIONS)  # type: ignore[call-overload]
     async def execute_payments(claims: list[list], probe: bool = False) -> None:

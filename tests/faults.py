@@ -16,7 +16,10 @@ it again: that is what a client with retries does).
 
 :class:`FaultPool` wraps a psycopg pool so every connection it hands out
 reports to the injector; :func:`faulty_redis` builds a Redis client whose
-connections do. Nothing else changes: the engine's own code runs unmodified.
+connections do. :class:`AsyncFaultPool` and :func:`faulty_async_redis` are
+the same for the async executor's psycopg pool and ``redis.asyncio`` client
+(``EXECUTOR=asyncio``). Nothing else changes: the engine's own code runs
+unmodified.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 import redis
+import redis.asyncio
 
 from paycron.sql import queries
 
@@ -206,3 +210,95 @@ def faulty_redis(url: str, injector: Injector) -> redis.Redis:
     )
     pool = redis.ConnectionPool.from_url(url, connection_class=connection_class)
     return redis.Redis(connection_pool=pool)
+
+
+# -- the async executor's clients (EXECUTOR=asyncio) -------------------------------------
+
+
+async def _adrop(conn: psycopg.AsyncConnection, what: str) -> psycopg.OperationalError:
+    await conn.close()
+    return psycopg.OperationalError(f"server closed the connection unexpectedly ({what})")
+
+
+class AsyncFaultConnection:
+    """:class:`FaultConnection` for an async psycopg connection (its
+    statements; the async executor runs no explicit transaction)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection, injector: Injector):
+        self._conn = conn
+        self._injector = injector
+
+    async def execute(self, query, params=None, **kwargs):
+        name = statement_name(query)
+        if self._injector.cross(name, BEFORE):
+            raise await _adrop(self._conn, f"injected before {name}")
+        cursor = await self._conn.execute(query, params, **kwargs)
+        if self._injector.cross(name, AFTER):
+            raise await _adrop(self._conn, f"injected after {name} ran")
+        return cursor
+
+    def transaction(self, *args, **kwargs):
+        raise NotImplementedError("the async executor runs no explicit transaction")
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+class AsyncFaultPool:
+    """An async psycopg pool whose connections report to ``injector`` (a
+    connection the injector closed is discarded when it is given back)."""
+
+    def __init__(self, pool, injector: Injector):
+        self._pool = pool
+        self._injector = injector
+
+    @contextlib.asynccontextmanager
+    async def connection(self, *args, **kwargs):
+        async with self._pool.connection(*args, **kwargs) as conn:
+            yield AsyncFaultConnection(conn, self._injector)
+
+    def __getattr__(self, name):
+        return getattr(self._pool, name)
+
+
+class _AsyncFaultRedisConnection(redis.asyncio.Connection):
+    """:class:`_FaultRedisConnection` for ``redis.asyncio``."""
+
+    injector: Injector  # set on the subclass faulty_async_redis makes
+
+    async def send_command(self, *args, **kwargs):
+        self._command = f"redis:{str(args[0]).lower()}"
+        if self._command.startswith("redis:script"):
+            self._sent_by_command = True  # as the blocking client's: not a boundary
+            return await super().send_command(*args, **kwargs)
+        if self.injector.cross(self._command, BEFORE):
+            await self.disconnect()
+            raise redis.ConnectionError(f"injected before {self._command}")
+        self._sent_by_command = True
+        return await super().send_command(*args, **kwargs)
+
+    async def send_packed_command(self, command, check_health=True):
+        if not getattr(self, "_sent_by_command", False):
+            self._command = "redis:pipeline"
+            if self.injector.cross(self._command, BEFORE):
+                await self.disconnect()
+                raise redis.ConnectionError(f"injected before {self._command}")
+        self._sent_by_command = False
+        return await super().send_packed_command(command, check_health)
+
+    async def read_response(self, *args, **kwargs):
+        response = await super().read_response(*args, **kwargs)
+        command = getattr(self, "_command", "redis:?")
+        if not command.startswith("redis:script") and self.injector.cross(command, AFTER):
+            await self.disconnect()
+            raise redis.ConnectionError(f"injected after {self._command} ran")
+        return response
+
+
+def faulty_async_redis(url: str, injector: Injector) -> redis.asyncio.Redis:
+    """:func:`faulty_redis` for the async executor (call on its loop)."""
+    connection_class = type(
+        "AsyncFaultRedisConnection", (_AsyncFaultRedisConnection,), {"injector": injector}
+    )
+    pool = redis.asyncio.ConnectionPool.from_url(url, connection_class=connection_class)
+    return redis.asyncio.Redis(connection_pool=pool)

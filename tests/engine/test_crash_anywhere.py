@@ -23,6 +23,11 @@ The payments' answers at the processor are drawn from ``PAYCRON_FAULT_SEED``
 schedule (as printed, e.g. ``once:finish_attempts:after:2``);
 ``PAYCRON_FAULT_FULL=1`` enumerates every occurrence of every boundary
 (CI takes the first crossing of each).
+
+The worker runs each executor (``EXECUTOR``): ``threads``, and ``asyncio``,
+whose start and finish go through its own async pool and whose breaker
+reads and counts go through ``redis.asyncio`` (tests/faults.py wraps both),
+its rare paths through the blocking executor it is paired with.
 """
 
 from __future__ import annotations
@@ -43,17 +48,31 @@ import redis as redis_lib
 from dramatiq.brokers.redis import RedisBroker
 
 from paycron.engine import dead_letters
+from paycron.engine.aio import AsyncExecutor
 from paycron.engine.execution import Executor
 from paycron.engine.messages import decode_claims, execute_message
 from paycron.errors import DeadLetterActionRefused, GatewayError, NotFound
+from paycron.limits.aio import AsyncCircuitBreaker
 from paycron.limits.breaker import CircuitBreaker
 from paycron.limits.pacing import ClaimPacer
+from paycron.sql import q
 from paycron.store import processor_events
+from paycron.store.aio import make_async_pool
 from paycron.store.db import make_pool
 from scheduler.reaper import Reaper
 from scheduler.sweeper import Sweeper, SweepSettings
+from tests.aio_support import EXECUTORS, LoopThread
 from tests.factories import insert_payment
-from tests.faults import AFTER, BEFORE, Fault, FaultPool, Injector, faulty_redis
+from tests.faults import (
+    AFTER,
+    BEFORE,
+    AsyncFaultPool,
+    Fault,
+    FaultPool,
+    Injector,
+    faulty_async_redis,
+    faulty_redis,
+)
 from tests.model_processor import CARD, CHARGE, DECLINE, NOTHING, ModelProcessor, Plan
 from tests.money_invariants import (
     MoneyChecker,
@@ -160,6 +179,10 @@ class Rig:
             breaker=self.breaker,
             call_limiter=None,
         )
+        self.loop: LoopThread | None = None
+        if env["executor"] == "asyncio":
+            self.loop = LoopThread()
+            self.aio = self.loop.run(self._async_executor(env["redis_url"]))
         self.reaper = Reaper(config=config, pool=pool)
         self.pool = pool
         self.offset = 0.0
@@ -172,6 +195,18 @@ class Rig:
             self.scripts[str(pid)] = SCRIPTS[script]
         self._cross = self.injector.cross
         self.injector.cross = self._tagged_cross
+
+    async def _async_executor(self, redis_url: str) -> AsyncExecutor:
+        """The async executor, paired with the blocking one for its rare paths
+        and its charges (the model processor has no async client)."""
+        pool = await make_async_pool(self.config, max_size=2, name="crash-anywhere-async")
+        return AsyncExecutor(
+            blocking=self.executor,
+            pool=AsyncFaultPool(pool, self.injector),
+            breaker=AsyncCircuitBreaker(faulty_async_redis(redis_url, self.injector), self.breaker),
+            call_limiter=None,
+            charger=None,
+        )
 
     def clock(self) -> float:
         return time.time() + self.offset
@@ -215,7 +250,10 @@ class Rig:
             raw = self.clean_redis.hget(f"{queue}.msgs", message_id)
             message = dramatiq.Message.decode(raw)
             claims, probe = message.args
-            self.executor.execute(decode_claims(claims), probe=probe)
+            if self.loop is None:
+                self.executor.execute(decode_claims(claims), probe=probe)
+            else:
+                self.loop.run(self.aio.execute(decode_claims(claims), probe=probe))
 
     def reap(self) -> None:
         self.reaper.run_once()
@@ -268,6 +306,15 @@ class Rig:
     def close(self) -> None:
         self.redis.close()
         self.clean_redis.close()
+        if self.loop is not None:
+
+            async def close() -> None:
+                await self.aio.breaker._redis.aclose()
+                await self.aio.pool.close()
+
+            with self.injector.paused():
+                self.loop.run(close())
+            self.loop.close()
 
 
 def play(env: dict, fault: Fault | None, seed: int) -> Outcome:
@@ -333,11 +380,12 @@ def schedules(baseline: Outcome, *, always: bool, paths: set[str], full: bool) -
     return found
 
 
-@pytest.fixture
-def env(conn, database_url, redis_url, config):
+@pytest.fixture(params=EXECUTORS)
+def env(conn, database_url, redis_url, config, request):
     config = config.with_overrides(retry_delays=(0.0, 0.0), lease_seconds=30)
     with make_pool(config, max_size=4, name="crash-anywhere") as pool:
         yield {
+            "executor": request.param,
             "conn": conn,
             "pool": pool,
             "config": config,
@@ -366,7 +414,8 @@ def explore(env, *, always: bool, paths: set[str], capsys) -> list[Outcome]:
     with capsys.disabled():
         kind = "crash loops" if always else "single crashes"
         print(
-            f"\ncrash anywhere ({kind} on {', '.join(sorted(paths))}): seed {seed}, "
+            f"\ncrash anywhere, EXECUTOR={env['executor']} ({kind} on "
+            f"{', '.join(sorted(paths))}): seed {seed}, "
             f"{len(faults)} schedules explored, {len(baseline.trace)} boundaries in the "
             f"fault-free run, {len(bad)} violations, {time.monotonic() - started:.1f} s"
         )
@@ -420,7 +469,11 @@ def test_a_crash_loop_at_any_boundary_keeps_the_money_invariants(env, paths, cap
 def test_the_injector_fails_after_the_work_is_done(env, conn):
     """The harness's own proof: an "after" fault raises once the work is done
     (the statement committed, the COMMIT took effect, the Redis command ran);
-    a "before" fault raises with nothing done."""
+    a "before" fault raises with nothing done. For ``asyncio``, the same of
+    the async executor's pool and Redis client."""
+    if env["executor"] == "asyncio":
+        _async_injector_proof(env, conn)
+        return
 
     def stored(fault: Fault, *, in_transaction: bool) -> bool:
         event = {"id": f"evt_{uuid.uuid4().hex}", "type": "probe", "data": {"object": {}}}
@@ -456,3 +509,61 @@ def test_the_injector_fails_after_the_work_is_done(env, conn):
     assert pushed(Fault("redis:rpush", AFTER)) >= 1  # it ran; its reply was lost
     assert pushed(Fault("redis:rpush", BEFORE)) <= 1  # never sent (perhaps sent again)
     env["redis"].delete(key)
+
+
+def _async_injector_proof(env, conn) -> None:
+    loop = LoopThread()
+    config = env["config"]
+
+    def stored(fault: Fault) -> bool:
+        event_id = f"evt_{uuid.uuid4().hex}"
+        params = {
+            "id": event_id,
+            "processor": CARD,
+            "type": "probe",
+            "intent_id": None,
+            "payment_id": None,
+            "payload": "{}",
+        }
+        injector = Injector(fault)
+
+        async def store() -> None:
+            pool = await make_async_pool(config, max_size=1, name="async-injector-proof")
+            try:
+                async with AsyncFaultPool(pool, injector).connection() as faulty:
+                    await faulty.execute(q("store_gateway_event"), params)
+            finally:
+                await pool.close()
+
+        with pytest.raises(psycopg.OperationalError):
+            loop.run(store())
+        assert injector.fired == 1
+        found = conn.execute("SELECT 1 FROM gateway_events WHERE id = %s", (event_id,))
+        return found.fetchone() is not None
+
+    key = f"{config.redis_namespace}:probe"
+
+    def pushed(fault: Fault) -> int:
+        env["redis"].delete(key)
+        injector = Injector(fault)
+
+        async def push() -> None:
+            client = faulty_async_redis(env["redis_url"], injector)
+            try:
+                with contextlib.suppress(redis_lib.ConnectionError):
+                    await client.rpush(key, "x")
+            finally:
+                await client.aclose()
+
+        loop.run(push())
+        assert injector.fired == 1
+        return env["redis"].llen(key)
+
+    try:
+        assert stored(Fault("store_gateway_event", AFTER))
+        assert not stored(Fault("store_gateway_event", BEFORE))
+        assert pushed(Fault("redis:rpush", AFTER)) >= 1  # it ran; its reply was lost
+        assert pushed(Fault("redis:rpush", BEFORE)) <= 1  # never sent (perhaps sent again)
+    finally:
+        env["redis"].delete(key)
+        loop.close()

@@ -148,3 +148,22 @@ def test_the_metrics_listener_is_on_loopback_unless_opened():
     }
     assert f"0100007F:{port:04X}" in listening  # 127.0.0.1, little-endian in /proc
     assert f"00000000:{port:04X}" not in listening
+
+
+@pytest.mark.parametrize(
+    ("environ", "execution"),
+    [
+        ({}, "asyncio"),  # the card processor has an async client
+        ({"EXECUTOR": "threads"}, "threads"),
+        ({"GATEWAY": "stripe", "STRIPE_API_KEY": "sk_test_x"}, "threads"),  # the SDK blocks
+        ({"GATEWAY": "stripe", "STRIPE_API_KEY": "sk_test_x", "EXECUTOR": "asyncio"}, "asyncio"),
+        ({"EXECUTOR": "Auto"}, "asyncio"),
+    ],
+)
+def test_the_executor_is_the_faster_for_the_processor_unless_chosen(environ, execution):
+    assert Config.from_env(environ).execution == execution
+
+
+def test_an_unknown_executor_refuses_to_start():
+    with pytest.raises(ConfigError, match="EXECUTOR"):
+        Config.from_env({"EXECUTOR": "fibers"})
