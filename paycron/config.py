@@ -237,7 +237,9 @@ class Config:
     #: process: Dramatiq's AsyncIO middleware, psycopg's async pool, aiohttp;
     #: the fake processor's charges only, every other request on a thread).
     #: Same statements, same guarantees (docs/performance.md). ``auto``: the
-    #: faster for the processor (:attr:`execution`).
+    #: faster for the processor, ``asyncio`` for the card processor and
+    #: ``threads`` for Stripe (its SDK blocks: on the loop every charge would
+    #: wait for one of a few threads).
     executor: str = setting("auto", _executor)
     #: How long a web process trusts an API key it has authenticated: a
     #: revocation reaches every process within this time; 0 checks every request.
