@@ -11,7 +11,9 @@ import signal
 import threading
 
 import dramatiq
+from dramatiq.asyncio import get_event_loop_thread
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import Middleware
 from dramatiq.middleware.asyncio import AsyncIO
 
 from paycron.config import Config
@@ -45,7 +47,37 @@ with one_line_errors("worker"):
 broker = (PromptRedisBroker if config.prompt_start else RedisBroker)(
     url=config.redis_url, namespace=f"{config.redis_namespace}-dramatiq"
 )
+
+
+class DrainCalls(Middleware):
+    """A stopping worker lets its loop's groups end before the loop stops.
+
+    Dramatiq stops a worker by stopping its consumers and threads, then
+    calls the middlewares' ``after_worker_shutdown`` in reverse order: this
+    one, added after :class:`AsyncIO`, runs before AsyncIO closes the loop.
+    Nothing admits a group any more; the groups running finish their calls
+    (each bounded by its lease) and write their outcomes, as the threaded
+    dispatcher's pools do when its process exits. Without it every deploy
+    would leave the calls in flight to their leases: in doubt, looked up,
+    counted as expiries."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+
+    def after_worker_shutdown(self, broker, worker) -> None:
+        thread = get_event_loop_thread()
+        if thread is None or not thread.loop.is_running():
+            return
+        from tasks.runtime import drain_async_dispatcher
+
+        left = thread.run_coroutine(drain_async_dispatcher(self.timeout))
+        if left:
+            log.warning("stopping with %d groups still running: their leases return them", left)
+
+
 if config.execution == "asyncio":
     # One event loop per process runs the async actor (paycron/engine/aio.py).
     broker.add_middleware(AsyncIO())
+    broker.add_middleware(DrainCalls(timeout=config.lease_seconds))
+log.info("executor: %s (EXECUTOR=%s)", config.execution, config.executor)
 dramatiq.set_broker(broker)

@@ -49,7 +49,8 @@ def build_dispatcher(config: Config) -> Dispatcher:
 
 async def build_async_dispatcher(config: Config) -> AsyncDispatcher:
     """``EXECUTOR=asyncio``: the same parts on this process's event loop; a
-    small blocking twin (a pool of 2, the blocking client) for the rare paths."""
+    blocking twin (a pool of 2, the blocking client) for the rare paths,
+    whose calls run side by side on the executor's threads."""
     serve_metrics(config.metrics_port, component="worker", host=config.metrics_host)
     client = make_redis(config)
     aclient = async_redis(config)
@@ -61,7 +62,7 @@ async def build_async_dispatcher(config: Config) -> AsyncDispatcher:
     blocking = Executor(
         config=config,
         pool=make_pool(config, max_size=2, name="worker-rare"),
-        gateway=build_processor(config, max_connections=4, call_limiter=call_limiter),
+        gateway=build_processor(config, max_connections=most, call_limiter=call_limiter),
         breaker=CircuitBreaker(client, config),
         call_limiter=call_limiter,
     )
@@ -89,6 +90,14 @@ async def async_dispatcher(config: Config) -> AsyncDispatcher:
             if _async_dispatcher is None:
                 _async_dispatcher = await build_async_dispatcher(config)
     return _async_dispatcher
+
+
+async def drain_async_dispatcher(timeout: float) -> int:
+    """A stopping worker's last step on its loop (tasks/broker.py): the
+    groups still running end first; how many did not within ``timeout``."""
+    if _async_dispatcher is None:
+        return 0
+    return await _async_dispatcher.drain(timeout)
 
 
 def dispatcher(config: Config) -> Dispatcher:

@@ -25,6 +25,7 @@ unmodified.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -71,21 +72,25 @@ class Injector:
     crossed: Counter = field(default_factory=Counter)
     fired: int = 0
     enabled: bool = True
+    #: Crossings may come from several threads at once (the async executor's
+    #: rare paths run on threads beside its loop): each is counted whole.
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def cross(self, name: str, phase: str) -> bool:
         """Record a crossing; True when the fault fires here."""
         if not self.enabled:
             return False
-        self.crossed[(name, phase)] += 1
-        n = self.crossed[(name, phase)]
-        self.trace.append((name, phase, n))
-        fault = self.fault
-        if fault is None or (fault.name, fault.phase) != (name, phase):
+        with self.lock:
+            self.crossed[(name, phase)] += 1
+            n = self.crossed[(name, phase)]
+            self.trace.append((name, phase, n))
+            fault = self.fault
+            if fault is None or (fault.name, fault.phase) != (name, phase):
+                return False
+            if n == fault.occurrence or (fault.always and n > fault.occurrence):
+                self.fired += 1
+                return True
             return False
-        if n == fault.occurrence or (fault.always and n > fault.occurrence):
-            self.fired += 1
-            return True
-        return False
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

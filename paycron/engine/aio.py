@@ -20,10 +20,13 @@ Postgres refused whole.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
 
 from paycron.domain.enums import Outcome
 from paycron.domain.processing import CallResult, ChargeRequest
@@ -43,6 +46,8 @@ from paycron.store.transitions import Claim, Finished
 
 log = logging.getLogger("paycron.execution")
 
+R = TypeVar("R")
+
 
 class AsyncCharger(Protocol):
     name: str
@@ -59,6 +64,11 @@ class AsyncExecutor:
     its gateway the blocking client of the same processor). ``charger``:
     the processor's async charge; None makes every charge on a thread with
     the blocking client (a processor without one, e.g. Stripe's SDK).
+
+    The rare paths run on threads of the executor's own pool, as many as
+    ``GATEWAY_MAX_IN_FLIGHT`` (started only when used), not on asyncio's
+    default few per core: after a processor's brownout most payments are
+    in doubt, and each of their calls takes one for as long as it lasts.
     """
 
     def __init__(
@@ -79,14 +89,20 @@ class AsyncExecutor:
         self.charger = charger
         self.on_latency = on_latency
         self.clock = blocking.clock
+        self.rare = ThreadPoolExecutor(
+            max_workers=self.config.gateway_max_in_flight, thread_name_prefix="gateway-call-rare"
+        )
+
+    async def _on_thread(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``asyncio.to_thread`` on the rare paths' pool."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self.rare, call)
 
     async def execute(self, claims: Sequence[Claim], *, probe: bool = False) -> GroupCounts:
         counts = GroupCounts(claims=len(claims))
         state = await self.breaker.state()
         if state is BreakerState.OPEN or (state is BreakerState.HALF_OPEN and not probe):
-            counts.released = await asyncio.to_thread(
-                transitions.release, self.blocking.pool, claims
-            )
+            counts.released = await self._on_thread(transitions.release, self.blocking.pool, claims)
             metrics.BREAKER_RELEASES.inc(counts.released)
             return counts
         done: list[Finished] = []
@@ -124,7 +140,7 @@ class AsyncExecutor:
         counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
         for i, item in enumerate(done):
             if item.decision.needs_lookup:
-                done[i] = await asyncio.to_thread(self._decide_by_lookup, item)
+                done[i] = await self._on_thread(self._decide_by_lookup, item)
                 counts.looked_up += 1
         recorded = await store.finish(
             self.pool,
@@ -143,7 +159,7 @@ class AsyncExecutor:
         if self.blocking.looks_up_first(row):
             # In doubt, or its leases kept expiring: the blocking path decides
             # whether to look it up instead, and calls it if not.
-            return await asyncio.to_thread(self.blocking._call, row, lease_end)
+            return await self._on_thread(self.blocking._call, row, lease_end)
         try:
             result = await self._send(row, lease_end)
         except Exception:  # a bug must not lose the group: in doubt, asked again
@@ -161,7 +177,7 @@ class AsyncExecutor:
         if self.charger is not None:
             result = await self.charger.charge(charge_request(row), timeout=timeout)
         else:
-            result = await asyncio.to_thread(
+            result = await self._on_thread(
                 self.blocking.gateway.charge, charge_request(row), timeout=timeout
             )
         elapsed = time.monotonic() - started

@@ -217,6 +217,8 @@ class AsyncDispatcher:
         self.executor = executor
         self.limit = limit
         self._failures = FailureLog("executing a group of claims")
+        #: The groups running now (their calls in flight or their outcomes being written).
+        self._groups: set[asyncio.Task] = set()
 
     async def submit(self, claims: Sequence[Claim], *, probe: bool = False) -> None:
         room = Room(len(claims))
@@ -226,6 +228,21 @@ class AsyncDispatcher:
         task = asyncio.get_running_loop().create_task(self._run(claims, probe, room))
         _TASKS.add(task)
         task.add_done_callback(_TASKS.discard)
+        self._groups.add(task)
+        task.add_done_callback(self._groups.discard)
+
+    async def drain(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the groups running now to end
+        (their calls answered, their outcomes written); how many had not.
+        A worker stopping calls it once nothing admits groups any more: as
+        the threaded dispatcher's pools are joined when its process exits,
+        so the loop is not closed under calls in flight (each would wait
+        for its lease to expire, in doubt). Those still running after
+        ``timeout`` are left to their leases."""
+        if not self._groups:
+            return 0
+        _, running = await asyncio.wait(set(self._groups), timeout=timeout)
+        return len(running)
 
     async def _run(self, claims: Sequence[Claim], probe: bool, room: Room) -> None:
         try:

@@ -212,11 +212,12 @@ class Rig:
         return time.time() + self.offset
 
     def _tagged_cross(self, name: str, phase: str) -> bool:
-        fired = self._cross(name, phase)
-        if self.injector.enabled:
-            n = self.injector.crossed[(name, phase)]
-            self.outcome.trace.append((name, phase, n, self.part))
-        return fired
+        with self.injector.lock:  # a crossing and its trace line together
+            fired = self._cross(name, phase)
+            if self.injector.enabled:
+                n = self.injector.crossed[(name, phase)]
+                self.outcome.trace.append((name, phase, n, self.part))
+            return fired
 
     def _next_plan(self, reference: str) -> Plan:
         script = self.scripts[reference]

@@ -126,3 +126,43 @@ def test_schedulers_killed_repeatedly_still_drain(conn, gateway, procs):
     procs("scheduler")  # two at once, no leader
     wait_terminal(conn, 300)
     assert_exactly_once_effect(conn, gateway, 300)
+
+
+@pytest.mark.parametrize("executor", ["threads", "asyncio"])
+def test_a_worker_stopped_mid_call_finishes_its_calls_first(conn, gateway, tmp_path, env, executor):
+    """SIGTERM (a deploy, a scale-down) is not a crash: the worker's calls in
+    flight are answered and their outcomes written before it exits, with
+    either executor. (Under asyncio Dramatiq closes the event loop on
+    shutdown: without tasks.broker.DrainCalls every call in flight was left
+    IN_FLIGHT for its lease to expire.)"""
+    gateway.faults(latency_ms=1500)  # calls are in flight when the signal lands
+    bulk_insert(conn, 20)
+    group = ProcessGroup(tmp_path, {**env, "EXECUTOR": executor})
+    try:
+        worker = group.start("worker", worker_args(1, 4))
+        group.start("scheduler", scheduler_args())
+        deadline = time.monotonic() + 30
+        in_flight = 0
+        while time.monotonic() < deadline and not in_flight:
+            in_flight = conn.execute(
+                "SELECT count(*) AS n FROM attempts WHERE outcome = 'IN_FLIGHT'"
+            ).fetchone()["n"]
+            time.sleep(0.05)
+        assert in_flight, "the worker never started a call"
+        # To Dramatiq's main process only, which passes it to its worker
+        # processes once (a second SIGTERM tells a stopping worker to die).
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+        rows = conn.execute(
+            "SELECT outcome, count(*) AS n FROM attempts GROUP BY outcome"
+        ).fetchall()
+        outcomes = {r["outcome"]: r["n"] for r in rows}
+        # Checked at once: the leases (6 s) have not expired, nothing was reaped.
+        assert outcomes.get("IN_FLIGHT", 0) == 0, outcomes
+        assert outcomes.get("SUCCEEDED", 0) >= in_flight, outcomes
+        expired = conn.execute(
+            "SELECT count(*) AS n FROM payments WHERE lease_expiries > 0 OR in_doubt"
+        ).fetchone()["n"]
+        assert expired == 0
+    finally:
+        group.stop()
