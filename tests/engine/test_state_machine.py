@@ -24,7 +24,12 @@ and workers' clocks are stopped but for the model's moves, the policy's
 jitter is drawn from the same seed in every sequence, and a hung call waits
 for the model however long that takes: a sequence of choices must
 meet the same state however slowly the machine runs it, or Hypothesis sees
-its draws change (``FlakyStrategyDefinition``).
+its draws change (``FlakyStrategyDefinition``). Nor may an order the engine
+leaves free decide which payment's call hangs or which plan a call gets: a
+message holds its claims in the order the payments were created (not the
+sweep's, by run_at), and a worker calls them in that order (not the order
+Postgres returns its started rows in). Each sequence's sweepers start with
+a full claim bucket, which no sequence empties.
 
 After every step the money invariants of tests/money_invariants.py must
 hold. The holes of issue 20's table (rows 1 to 7) each have a directed case
@@ -62,7 +67,7 @@ from hypothesis.stateful import (
 from paycron.domain import policy
 from paycron.domain.enums import CancelOutcome
 from paycron.domain.processing import FAILED, PROCESSING, SUCCEEDED
-from paycron.engine import dead_letters
+from paycron.engine import dead_letters, execution
 from paycron.engine.execution import Executor
 from paycron.errors import DeadLetterActionRefused, GatewayError, NotFound
 from paycron.limits.breaker import BreakerState, CircuitBreaker
@@ -375,10 +380,16 @@ class PaymentMachine(RuleBasedStateMachine):
         def enqueue(claims, probe):
             self._enqueue(processor, list(claims), probe)
 
+        # A bucket of its own for each sequence, full: it refills on Redis's
+        # clock, so one that earlier sequences drained would grant as many
+        # claims as the machine's speed let it refill. A sequence takes at
+        # most 3 a sweep, 50 steps: the 750 it holds grant every sweep its
+        # whole batch.
+        bucket = config.with_overrides(redis_namespace=f"{config.redis_namespace}:{uuid.uuid4()}")
         return Sweeper(
             settings=SweepSettings.from_config(config),
             pool=self.pool,
-            pacer=ClaimPacer(self.redis, config),
+            pacer=ClaimPacer(self.redis, bucket),
             breaker=self.breakers[processor],
             enqueue=enqueue,
         )
@@ -481,6 +492,13 @@ class PaymentMachine(RuleBasedStateMachine):
         if mode == "refused":
             self.reached["enqueue refused"] += 1
             raise redis_lib.ConnectionError("the broker refused (the model)")
+        # The sweeper hands its claims over oldest run_at first. A new
+        # payment's run_at is its due_at, a second before its create; a
+        # retried one's is when its answer was written: which is older
+        # depends on how fast the steps in between ran, not on the choices.
+        # The first claim's call is the one that hangs, and plans are drawn
+        # in the claims' order: the message holds them in creation order.
+        claims = sorted(claims, key=lambda claim: self.ids.index(claim.payment_id))
         message = Message(claims, probe)
         self.queues[processor].append(message)
         if mode == "lost_reply":
@@ -969,8 +987,22 @@ MUST_REACH = {
 }
 
 
+def _start_in_claims_order(pool, claims, **kwargs) -> list[dict]:
+    """:func:`transitions.start`, its rows in the claims' order.
+
+    ``start_attempts`` has no ORDER BY: its rows come back in whatever order
+    Postgres's plan yields, which changes from one run of the same choices
+    to the next, and the executor calls them in that order. The model hangs
+    the first claim's call and draws the others' plans when it answers:
+    called in another order, the same choices hang another payment's call
+    (or none) and send the others with no plan drawn."""
+    order = {claim.payment_id: i for i, claim in enumerate(claims)}
+    return sorted(transitions.start(pool, claims, **kwargs), key=lambda row: order[row["id"]])
+
+
 @pytest.fixture
-def env(conn, database_url, redis_url, config):
+def env(conn, database_url, redis_url, config, monkeypatch):
+    monkeypatch.setattr(execution, "start", _start_in_claims_order)
     configs = {
         CARD: config.with_overrides(
             gateway=CARD,
