@@ -26,7 +26,7 @@ Target: paycron >= 1.5 x pgqueuer.
 
     python -m bench.latency_compare [--payments 6000] [--latency-ms 300]
         [--warmup 200] [--pgq-max-tasks 200] [--pgq-batch 10] [--rounds 1]
-        [--executors threads,asyncio]
+        [--executors auto]
 
 ``--executors threads,asyncio`` runs paycron once per EXECUTOR setting in
 each round, side by side (docs/performance.md); ``--latency-ms 0`` is an
@@ -281,9 +281,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--executors",
-        default="threads",
+        default="auto",
         help="paycron's EXECUTOR settings to run, comma-separated, each round in this order "
-        "(threads,asyncio: both side by side)",
+        "(auto: what ships, the event loop for the card processor; threads,asyncio: both "
+        "side by side)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parse_args(
