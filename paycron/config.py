@@ -213,9 +213,12 @@ class Config:
     #: Partitions created past the horizon, so a create at the horizon's edge
     #: never races the partition keeper.
     partition_margin_days: int = 7
-    #: Payment ids per Dramatiq message; capped so the whole group's calls fit
-    #: well inside one lease (see :attr:`group_size`).
-    message_group_size: int = setting(10, int)
+    #: Payment ids per Dramatiq message. With the threaded executor it is
+    #: capped so a group's calls, made batch after batch when the shared
+    #: window grants part of it, fit well inside one lease; the event loop
+    #: starts each batch as soon as its tokens are granted, uncapped (see
+    #: :attr:`group_size`).
+    message_group_size: int = setting(20, int)
     #: Dramatiq queue the execute actor listens on.
     queue_name: str = "payments"
     #: Prefix of every Redis key paycron writes (broker, rate limits, breaker).
@@ -395,7 +398,13 @@ class Config:
 
     @property
     def group_size(self) -> int:
-        """Ids per message such that every call of the group fits in half a lease."""
+        """Ids per message. Threads: such that every call of the group fits
+        in half a lease, were each batch granted one token (its batches run
+        one after another). The event loop: as set (its batches start as
+        their tokens come, side by side, so a claim waits for the window,
+        never for another claim's calls)."""
+        if self.execution == "asyncio":
+            return max(1, self.message_group_size)
         fits = int(self.lease_seconds / 2 // self.gateway_timeout_seconds)
         return max(1, min(self.message_group_size, fits))
 

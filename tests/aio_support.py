@@ -9,7 +9,7 @@ import threading
 
 from paycron.engine.aio import AsyncExecutor
 from paycron.engine.execution import Executor
-from paycron.limits.aio import AsyncCircuitBreaker
+from paycron.limits.aio import AsyncCallLimiter, AsyncCircuitBreaker
 from paycron.processors.card.aio import AsyncCardProcessor
 from paycron.store.aio import async_redis, make_async_pool
 
@@ -37,7 +37,15 @@ class AsyncFacade:
     charging ``url``'s fake processor with ``charger`` (a class like
     AsyncCardProcessor) over aiohttp."""
 
-    def __init__(self, blocking: Executor, url: str, *, charger=AsyncCardProcessor, pool_size=2):
+    def __init__(
+        self,
+        blocking: Executor,
+        url: str,
+        *,
+        charger=AsyncCardProcessor,
+        pool_size=2,
+        paced: bool = False,
+    ):
         self.blocking = blocking
         self.loop = LoopThread()
         config = blocking.config
@@ -48,14 +56,15 @@ class AsyncFacade:
                 blocking=blocking,
                 pool=await make_async_pool(config, max_size=pool_size, name="test-async"),
                 breaker=AsyncCircuitBreaker(client, blocking.breaker),
-                call_limiter=None,
+                # paced: the shared call window of GATEWAY_RATE_LIMIT, in Redis
+                call_limiter=AsyncCallLimiter(client, config) if paced else None,
                 charger=charger(url, timeout=config.gateway_timeout_seconds),
             )
 
         self.inner = self.loop.run(build())
 
-    def execute(self, claims, *, probe=False):
-        return self.loop.run(self.inner.execute(claims, probe=probe))
+    def execute(self, claims, *, probe=False, answered=None):
+        return self.loop.run(self.inner.execute(claims, probe=probe, answered=answered))
 
     @property
     def clock(self):

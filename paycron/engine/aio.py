@@ -98,31 +98,71 @@ class AsyncExecutor:
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self.rare, call)
 
-    async def execute(self, claims: Sequence[Claim], *, probe: bool = False) -> GroupCounts:
+    async def execute(
+        self,
+        claims: Sequence[Claim],
+        *,
+        probe: bool = False,
+        answered: Callable[[], None] | None = None,
+    ) -> GroupCounts:
         counts = GroupCounts(claims=len(claims))
         state = await self.breaker.state()
         if state is BreakerState.OPEN or (state is BreakerState.HALF_OPEN and not probe):
             counts.released = await self._on_thread(transitions.release, self.blocking.pool, claims)
             metrics.BREAKER_RELEASES.inc(counts.released)
             return counts
-        done: list[Finished] = []
-        remaining = list(claims)
-        while remaining:
-            # Tokens first, then the lease (as the threaded executor).
-            granted = (
-                await self.call_limiter.acquire_some(len(remaining))
-                if self.call_limiter is not None
-                else len(remaining)
-            )
-            batch, remaining = remaining[:granted], remaining[granted:]
-            done += await self._execute_batch(batch, counts)
+        done = await self._execute_batches(claims, counts, answered)
         failures = sum(1 for d in done if d.result.breaker_failure)
         if probe and counts.calls:
             await self.breaker.probe_finished(failed=failures > 0)
         await self.breaker.record(calls=counts.calls, failures=failures)
         return counts
 
-    async def _execute_batch(self, batch: Sequence[Claim], counts: GroupCounts) -> list[Finished]:
+    async def _execute_batches(
+        self,
+        claims: Sequence[Claim],
+        counts: GroupCounts,
+        answered: Callable[[], None] | None,
+    ) -> list[Finished]:
+        """Tokens first, then the lease (as the threaded executor), batch by
+        batch as the shared window grants them. Unlike the threaded
+        executor, a batch does not wait for the one before it to be
+        answered: each starts as soon as its tokens are granted, so a claim
+        waits for the window only, never for another claim's calls, and a
+        group's calls end within one call's time of its last tokens
+        (``MESSAGE_GROUP_SIZE`` is not cut to fit sequential calls in a
+        lease, paycron/config.py)."""
+        remaining = list(claims)
+        running: list[asyncio.Future[list[Finished]]] = []
+        try:
+            while remaining:
+                granted = (
+                    await self.call_limiter.acquire_some(len(remaining))
+                    if self.call_limiter is not None
+                    else len(remaining)
+                )
+                batch, remaining = remaining[:granted], remaining[granted:]
+                if not remaining and not running:
+                    return await self._execute_batch(batch, counts, answered)  # all granted at once
+                running.append(asyncio.ensure_future(self._execute_batch(batch, counts, answered)))
+        finally:
+            # Whatever happens while tokens are awaited, the batches started
+            # end (answered, written) before the group does: its room and the
+            # drain on SIGTERM cover them.
+            outcomes = await asyncio.gather(*running, return_exceptions=True)
+        done: list[Finished] = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            done += outcome
+        return done
+
+    async def _execute_batch(
+        self,
+        batch: Sequence[Claim],
+        counts: GroupCounts,
+        answered: Callable[[], None] | None = None,
+    ) -> list[Finished]:
         config = self.config
         # Read before the lease is renewed, so the lease ends no earlier.
         lease_end = self.clock() + config.lease_seconds
@@ -133,10 +173,15 @@ class AsyncExecutor:
             processor=self.blocking.gateway.name,
         )
         counts.stale += len(batch) - len(rows)
+        if answered is not None:
+            for _ in range(len(batch) - len(rows)):
+                answered()
         if len(rows) == 1:
-            done = [await self._call(rows[0], lease_end)]
+            done = [await self._call(rows[0], lease_end, answered)]
         else:
-            done = list(await asyncio.gather(*(self._call(row, lease_end) for row in rows)))
+            done = list(
+                await asyncio.gather(*(self._call(row, lease_end, answered) for row in rows))
+            )
         counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
         for i, item in enumerate(done):
             if item.decision.needs_lookup:
@@ -155,7 +200,16 @@ class AsyncExecutor:
     def _decide_by_lookup(self, item: Finished) -> Finished:
         return decide_by_lookup(self.blocking.gateway, item, now=self.blocking.db_clock.now())
 
-    async def _call(self, row: dict, lease_end: float) -> Finished:
+    async def _call(
+        self, row: dict, lease_end: float, answered: Callable[[], None] | None = None
+    ) -> Finished:
+        try:
+            return await self._call_one(row, lease_end)
+        finally:
+            if answered is not None:
+                answered()
+
+    async def _call_one(self, row: dict, lease_end: float) -> Finished:
         if self.blocking.looks_up_first(row):
             # In doubt, or its leases kept expiring: the blocking path decides
             # whether to look it up instead, and calls it if not.

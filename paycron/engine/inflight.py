@@ -19,6 +19,7 @@ any crash (Dramatiq redelivery is never relied on, docs/design.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import threading
@@ -39,19 +40,29 @@ INITIAL_LATENCY_SECONDS = 1.0
 EWMA_ALPHA = 0.05
 #: In flight = ceiling x latency x this: bursts, jitter and the latency tail.
 HEADROOM = 1.5
+#: Claims one process admits at most, answered or not, as a multiple of
+#: GATEWAY_MAX_IN_FLIGHT (the event loop frees a call's place when it is
+#: answered, before its group's outcomes are written).
+ADMITTED_CEILING = 2
 
 
 class Room:
     """The room one group holds in an :class:`InFlightLimit`. Held or not is
     its membership of the limit's set, changed by one operation under the
     limit's lock: an exception raised into the thread at any point (Dramatiq's
-    time limit) can neither leave it held by no one nor give it back twice."""
+    time limit) can neither leave it held by no one nor give it back twice.
 
-    __slots__ = ("size", "running")
+    ``answered``: its calls already answered (the event loop's groups count
+    them; a threaded group keeps its whole room until it ends). An answered
+    call's place is free for another group's call while its own group
+    waits for its last calls and writes its outcomes."""
+
+    __slots__ = ("size", "running", "answered")
 
     def __init__(self, size: int):
         self.size = size
         self.running = False  # its group has started: only the group gives it back
+        self.answered = 0
 
 
 class InFlightLimit:
@@ -80,9 +91,27 @@ class InFlightLimit:
 
     @property
     def held(self) -> int:
-        """Claims admitted: the sum of the rooms held (computed, never counted
-        up and down, so no interruption can make it drift)."""
+        """Claims admitted and not answered yet: the sum of the rooms held
+        (computed, never counted up and down, so no interruption can make
+        it drift)."""
+        return sum(room.size - room.answered for room in list(self._rooms))
+
+    @property
+    def admitted(self) -> int:
+        """Claims admitted, answered or not (until their group ends)."""
         return sum(room.size for room in list(self._rooms))
+
+    def _fits(self, room: Room) -> bool:
+        """Whether ``room`` may be held now: its calls within the size, and
+        the claims admitted, answered ones included, within twice the
+        ceiling (so groups waiting on their last calls or on Postgres
+        never pile up); a group larger than either alone when none is held."""
+        if not self._rooms:
+            return True
+        return (
+            self.held + room.size <= self.size
+            and self.admitted + room.size <= ADMITTED_CEILING * self.max_in_flight
+        )
 
     def observe(self, seconds: float) -> None:
         """One call's duration: the mean moves, and so may the size. Waiters
@@ -99,7 +128,7 @@ class InFlightLimit:
         alone), then hold it; at once if it is held already. ``running``:
         its group starts now, and only it gives the room back."""
         with self._cond:
-            while room not in self._rooms and self._rooms and self.held + room.size > self.size:
+            while room not in self._rooms and not self._fits(room):
                 self._waiting += 1
                 try:
                     self._cond.wait()
@@ -188,13 +217,23 @@ class AsyncInFlightLimit(InFlightLimit):
     async def acquire_async(self, room: Room) -> None:
         """Wait until ``room`` fits (a group larger than the limit alone), then hold it."""
         async with self._acond:
-            while self._rooms and self.held + room.size > self.size:
+            while not self._fits(room):
                 self._waiting += 1
                 try:
                     await self._acond.wait()
                 finally:
                     self._waiting -= 1
             self._rooms.add(room)
+
+    def answered(self, room: Room) -> None:
+        """One of ``room``'s calls was answered (or will not be made): its
+        place is another call's, though the group still holds the room."""
+        if room in self._rooms and room.answered < room.size:
+            room.answered += 1
+            # Woken when a whole group fits (a smaller one is let in by the
+            # next release): not after every call, for nothing.
+            if self._waiting and self.size - self.held >= self.floor:
+                self._wake()
 
     def release_now(self, room: Room) -> None:
         if room in self._rooms:
@@ -246,7 +285,9 @@ class AsyncDispatcher:
 
     async def _run(self, claims: Sequence[Claim], probe: bool, room: Room) -> None:
         try:
-            await self.executor.execute(claims, probe=probe)
+            await self.executor.execute(
+                claims, probe=probe, answered=functools.partial(self.limit.answered, room)
+            )
         except Exception as exc:  # the rows stay leased; the reaper returns them
             self._failures.failed(exc)
         else:

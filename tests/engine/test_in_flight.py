@@ -449,12 +449,16 @@ def test_no_connection_is_held_across_a_call(conn, scripted, make_executor):
 
 
 class _AsyncGroups:
-    """An async executor whose groups run until released."""
+    """An async executor whose groups run until released; with ``answer``,
+    each group's calls are answered (as many as that) before it waits."""
 
-    def __init__(self, fail=False):
+    def __init__(self, fail=False, answer=0):
         self.fail, self.ran, self.release = fail, [], asyncio.Event()
+        self.answer = answer
 
-    async def execute(self, claims, *, probe=False):
+    async def execute(self, claims, *, probe=False, answered=None):
+        for _ in range(min(self.answer, len(claims))):
+            answered()
         await self.release.wait()
         self.ran.append(len(claims))
         if self.fail:
@@ -521,3 +525,90 @@ def test_the_async_limit_lets_a_waiter_in_when_the_size_grows():
         assert limit.held == 4
 
     asyncio.run(scenario())
+
+
+def test_an_answered_call_gives_its_place_to_another_groups_call():
+    """On the loop a call answered frees its place though its group still
+    waits for its other calls and writes its outcomes: the bound is on
+    calls in flight, not on payments whose group has not ended."""
+
+    async def scenario():
+        groups = _AsyncGroups(answer=2)  # two calls of each group answered, the rest in flight
+        limit = AsyncInFlightLimit(rate=5, max_in_flight=5, initial_latency=1.0)  # size 5
+        dispatcher = AsyncDispatcher(executor=groups, limit=limit)
+        await dispatcher.submit(["a", "b", "c"])
+        await asyncio.sleep(0.01)  # the group runs: two answered
+        assert (limit.held, limit.admitted) == (1, 3)
+        await dispatcher.submit(["d", "e", "f"])  # fits beside the one call in flight
+        await asyncio.sleep(0.01)
+        assert (limit.held, limit.admitted) == (2, 6)
+        waiting = asyncio.create_task(dispatcher.submit(["g", "h", "i", "j"]))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # 2 in flight + 4 > 5: it waits
+        groups.release.set()
+        await asyncio.wait_for(waiting, 5)
+        while limit.admitted:
+            await asyncio.sleep(0.01)
+        assert sorted(groups.ran) == [3, 3, 4]
+
+    asyncio.run(scenario())
+
+
+def test_groups_whose_calls_are_answered_still_count_up_to_twice_the_ceiling():
+    """Answered claims waiting for their group's end (its last calls, its
+    write to Postgres) are bounded too: at most twice GATEWAY_MAX_IN_FLIGHT
+    admitted, so a slow Postgres cannot make a process take in ever more."""
+
+    async def scenario():
+        groups = _AsyncGroups(answer=10)  # every call answered at once
+        limit = AsyncInFlightLimit(rate=1000, max_in_flight=4, initial_latency=1.0)  # size 4
+        dispatcher = AsyncDispatcher(executor=groups, limit=limit)
+        for pair in (["a", "b"], ["c", "d"], ["e", "f"], ["g", "h"]):
+            await dispatcher.submit(pair)
+            await asyncio.sleep(0.01)
+        assert (limit.held, limit.admitted) == (0, 8)
+        waiting = asyncio.create_task(dispatcher.submit(["i"]))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # nothing in flight, but 8 + 1 > 2 x 4
+        groups.release.set()
+        await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(scenario())
+
+
+def test_the_loops_batches_start_as_the_window_grants_them(conn, config, scripted):
+    """The shared window grants one call a second: the loop starts each
+    batch as its token comes, beside the calls already in flight, so the
+    three calls (each waiting until all three have arrived) are in flight
+    together. One batch after another, the first would wait alone and fail."""
+    arrived = threading.Barrier(3, timeout=6)
+
+    def together(_body):
+        try:
+            arrived.wait()
+        except threading.BrokenBarrierError:
+            return (503, {}, b"{}")
+        return OK
+
+    scripted.answers[2500] = together
+    config = config.with_overrides(gateway_rate_limit=1)
+    ids = [insert_payment(conn)["id"] for _ in range(3)]
+    claims = claim_due(conn, limit=3, lease_seconds=30)
+    pool = make_pool(config, max_size=2, name="test-in-flight")
+    blocking = Executor(
+        config=config,
+        pool=pool,
+        gateway=CardProcessor(scripted.url, timeout=config.gateway_timeout_seconds),
+        call_limiter=None,
+        breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url), config),
+    )
+    facade = AsyncFacade(blocking, scripted.url, paced=True)
+    answered = []
+    try:
+        counts = facade.execute(claims, answered=lambda: answered.append(1))
+    finally:
+        facade.close()
+        pool.close()
+    assert counts.outcomes == {"SUCCEEDED": 3}
+    assert {payment(conn, pid)["status"] for pid in ids} == {"COMPLETED"}
+    assert len(answered) == 3

@@ -167,3 +167,17 @@ def test_the_executor_is_the_faster_for_the_processor_unless_chosen(environ, exe
 def test_an_unknown_executor_refuses_to_start():
     with pytest.raises(ConfigError, match="EXECUTOR"):
         Config.from_env({"EXECUTOR": "fibers"})
+
+
+@pytest.mark.parametrize(
+    "environ, size",
+    [
+        ({}, 20),  # the loop starts each batch as its tokens come: as set
+        ({"MESSAGE_GROUP_SIZE": "50"}, 50),
+        ({"EXECUTOR": "threads"}, 6),  # batch after batch: 6 x 10 s calls in half a 120 s lease
+        ({"EXECUTOR": "threads", "GATEWAY_TIMEOUT_SECONDS": "5"}, 12),
+        ({"GATEWAY": "stripe", "STRIPE_API_KEY": "sk_test_x"}, 6),
+    ],
+)
+def test_a_message_groups_size_is_cut_to_the_lease_only_where_batches_run_in_turn(environ, size):
+    assert Config.from_env(environ).group_size == size
