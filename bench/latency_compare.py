@@ -193,6 +193,7 @@ def run_paycron(
             flight = in_flight(conn, since=due)
             sustained = sustained_rate(conn, due)
         ledger = system.ledger()
+        at_once = system.gateway_stats()["charges_in_progress_max"]
     finally:
         system.stop()
     return {
@@ -207,6 +208,8 @@ def run_paycron(
         "postgres_cpu": postgres_cpu,
         "charges": len(ledger) - warmup,
         "max_charges_per_key": max_charges_per_key(ledger),
+        # the most charge requests the processor was answering at once
+        "calls_at_once": at_once,
     }
 
 
@@ -331,7 +334,8 @@ def main() -> None:
                 engine,
                 n,
                 load,
-                f"calls in flight max {flight['max']}, mean {flight['mean']:.0f}; lease "
+                f"calls at the processor at once max {engine['calls_at_once']}; attempts "
+                f"open max {flight['max']}, mean {flight['mean']:.0f}; lease "
                 f"expirations {engine['lease_expired']}",
             )
             engines[executor] = engine
@@ -342,7 +346,14 @@ def main() -> None:
             pgq = run_pgqueuer_async(
                 url, n, median, warmup=warmup, batch=args.pgq_batch, max_tasks=args.pgq_max_tasks
             )
-        report("pgqueuer (async)", pgq, n, load, f"enqueue {pgq['enqueue_seconds']:.2f} s, untimed")
+        report(
+            "pgqueuer (async)",
+            pgq,
+            n,
+            load,
+            f"calls at the processor at once max {pgq['calls_at_once']}; "
+            f"enqueue {pgq['enqueue_seconds']:.2f} s, untimed",
+        )
         rates["pgqueuer"].append(pgq["per_second"])
         cpu["pgqueuer"].append(1000 * pgq["cpu"] / n)
         pgq_total = pgq["cpu"] + pgq["postgres_cpu"]

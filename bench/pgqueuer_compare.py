@@ -254,6 +254,7 @@ def run_pgqueuer(
             completed = settled_counts(conn)["completed"] - warmup
             sustained = sustained_rate(conn, mark)
         ledger = system.ledger()
+        at_once = system.gateway_stats()["charges_in_progress_max"]
     finally:
         system.stop()
     return {
@@ -264,6 +265,8 @@ def run_pgqueuer(
         "enqueue_seconds": enqueue_seconds,
         "charges": len(ledger) - warmup,
         "max_charges_per_key": max_charges_per_key(ledger),
+        # the most charge requests the processor was answering at once
+        "calls_at_once": at_once,
         "cpu": cpu,
         "gateway_cpu": gateway_cpu,
         "postgres_cpu": postgres_cpu,

@@ -133,7 +133,19 @@ class CardSurface:
     async def create_charge(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/charges`: charge once per idempotency key, faults permitting."""
         processor = self.processor
-        processor.stats["charge_requests"] += 1
+        stats = processor.stats
+        stats["charge_requests"] += 1
+        stats["charges_in_progress"] += 1
+        stats["charges_in_progress_max"] = max(
+            stats["charges_in_progress_max"], stats["charges_in_progress"]
+        )
+        try:
+            return await self._create_charge(request)
+        finally:
+            stats["charges_in_progress"] -= 1
+
+    async def _create_charge(self, request: web.Request) -> web.StreamResponse:
+        processor = self.processor
         key = idempotency_key(request)
         amount, currency, reference = _charge_params(await json_object(request))
         forced = MAGIC_FATES.get(amount)

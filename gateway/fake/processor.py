@@ -27,6 +27,10 @@ from gateway.fake.stripe_ledger import StripeLedger
 
 STAT_NAMES = (
     "charge_requests",
+    # charge requests being answered now, and the most at once: the calls
+    # a client really had in flight, whatever it counts itself
+    "charges_in_progress",
+    "charges_in_progress_max",
     "rate_limited",
     "declined",
     "errors",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -53,6 +54,23 @@ def test_stats_count_each_outcome(client: httpx.Client) -> None:
     }
     assert {name: counters[name] for name in expected} == expected
     assert client.get("/healthz").status_code == 200
+
+
+def test_stats_count_the_charges_answered_at_once(client: httpx.Client) -> None:
+    """What a client really had in flight, whatever it counts itself: three
+    charges sent together are three at once, none once they are answered."""
+    set_faults(client, latency_ms=300)
+    base = str(client.base_url)
+
+    def one(_):
+        with httpx.Client(base_url=base) as own:
+            return charge(own, new_key()).status_code
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        assert list(pool.map(one, range(3))) == [201, 201, 201]
+    charge(client, new_key())
+    counters = stats(client)
+    assert (counters["charges_in_progress_max"], counters["charges_in_progress"]) == (3, 0)
 
 
 # ---------------------------------------------------------------- key retention
