@@ -33,6 +33,20 @@ def test_a_due_payment_is_charged_once_and_completed(engine, conn, gateway):
     assert event_types(conn, row["id"]) == ["payment.processing", "payment.completed"]
 
 
+def test_a_batchs_attempts_are_one_log_line_a_segment_each(engine, conn, gateway, caplog):
+    paid, declined = insert_payment(conn), insert_payment(conn, amount_minor=DECLINE)
+    with caplog.at_level(logging.INFO, logger="paycron.execution"):
+        engine.drain()
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attempts ")]
+    assert sorted(line.removeprefix("attempts ").split("; ")) == sorted(
+        [
+            f"payment={paid['id']} attempt=1 outcome=SUCCEEDED error=None status=COMPLETED",
+            f"payment={declined['id']} attempt=1 outcome=DECLINED error=card_declined "
+            "status=FAILED",
+        ]
+    )
+
+
 def test_future_and_cancelled_payments_are_not_claimed(engine, conn, gateway):
     future = insert_payment(conn, due_at=datetime.now(UTC) + timedelta(minutes=5))
     cancelled = insert_payment(conn, status="CANCELLED")
