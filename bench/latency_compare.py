@@ -30,8 +30,9 @@ Target: paycron >= 1.3 x pgqueuer with the same in-flight bound (``--pgq-max-tas
         [--executors auto]
 
 ``--executors threads,asyncio`` runs paycron once per EXECUTOR setting in
-each round, side by side (docs/performance.md); ``--latency-ms 0`` is an
-instant processor.
+each round, side by side (docs/performance.md); an entry may add settings,
+``auto+MESSAGE_GROUP_SIZE=6`` (several: ``+A=1+B=2``); ``--latency-ms 0`` is
+an instant processor.
 """
 
 from __future__ import annotations
@@ -163,10 +164,17 @@ def run_paycron(
     executor: str = "threads",
 ) -> dict:
     """The Procfile as shipped, only GATEWAY_RATE_LIMIT set (out of the way)
-    and EXECUTOR; ``warmup`` payments first (untimed), then ``n`` due at one second."""
+    and EXECUTOR (with any ``+NAME=VALUE`` settings after it, e.g.
+    ``auto+MESSAGE_GROUP_SIZE=6``); ``warmup`` payments first (untimed),
+    then ``n`` due at one second."""
+    name, *extra = executor.split("+")
     system = System(
         database_url,
-        {"GATEWAY_RATE_LIMIT": str(UNCAPPED_RATE_LIMIT), "EXECUTOR": executor},
+        {
+            "GATEWAY_RATE_LIMIT": str(UNCAPPED_RATE_LIMIT),
+            "EXECUTOR": name,
+            **dict(pair.split("=", 1) for pair in extra),
+        },
         worker_processes=None,
         worker_threads=None,
     )  # the Procfile's
@@ -294,7 +302,7 @@ def main() -> None:
         default="auto",
         help="paycron's EXECUTOR settings to run, comma-separated, each round in this order "
         "(auto: what ships, the event loop for the card processor; threads,asyncio: both "
-        "side by side)",
+        "side by side; auto+MESSAGE_GROUP_SIZE=6: with that setting too)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parse_args(
