@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-import orjson
 import psycopg
 
 from paycron.domain.enums import CancelOutcome, Outcome, Status
@@ -310,14 +309,9 @@ def finish(
 
 
 #: What an answer Postgres refuses to store raises: a value it cannot hold
-#: (DataError: also a NUL byte, ``\u0000`` in the outcomes' JSON), a CHECK
-#: it breaks (CheckViolation, an IntegrityError), text it cannot encode.
-_UNWRITABLE_ERRORS = (
-    psycopg.DataError,
-    psycopg.IntegrityError,
-    UnicodeEncodeError,
-    orjson.JSONEncodeError,  # a lone surrogate: not UTF-8, so not JSON either
-)
+#: (DataError), a CHECK it breaks (CheckViolation, an IntegrityError), text
+#: it cannot encode.
+_UNWRITABLE_ERRORS = (psycopg.DataError, psycopg.IntegrityError, UnicodeEncodeError)
 
 
 #: A finish that deadlocks with a reap of the same rows is rolled back whole
@@ -356,35 +350,26 @@ def _finish(
 
 
 def finish_params(done: Sequence[Finished], land_seconds: float, poll_seconds: float) -> dict:
-    """The parameters of ``finish_attempts`` (also the async executor's):
-    the outcomes as one JSON text (orjson: a processor's text escaped
-    exactly, or refused as unwritable), the due dates as an array."""
+    """The parameters of ``finish_attempts`` (also the async executor's)."""
     return {
-        "outcomes": orjson.dumps(
-            [
-                {
-                    "id": d.row["id"],
-                    "due_at": d.row["due_at"],
-                    "attempt": d.row["attempt"],
-                    "payer": d.row["payer"],
-                    "outcome": d.result.outcome.value,
-                    "error_code": d.result.error_code,
-                    "gateway_ref": d.result.gateway_ref,
-                    "status": d.decision.status.value,
-                    "delay": float(d.decision.delay),
-                    "failures": d.decision.failures,
-                    "in_doubt": d.decision.in_doubt,
-                    "failure_reason": d.decision.failure_reason
-                    and d.decision.failure_reason.value,
-                    "key_in_use": d.decision.key_in_use,
-                    "next_key": d.decision.next_key,
-                    "confirm": d.decision.confirm,
-                    "may_land": d.result.may_land,
-                }
-                for d in done
-            ]
-        ).decode(),
+        "ids": [d.row["id"] for d in done],
         "due_ats": [d.row["due_at"] for d in done],
+        "attempts": [d.row["attempt"] for d in done],
+        "payers": [d.row["payer"] for d in done],
+        "outcomes": [d.result.outcome.value for d in done],
+        "error_codes": [d.result.error_code for d in done],
+        "gateway_refs": [d.result.gateway_ref for d in done],
+        "statuses": [d.decision.status.value for d in done],
+        "delays": [float(d.decision.delay) for d in done],
+        "failures": [d.decision.failures for d in done],
+        "in_doubts": [d.decision.in_doubt for d in done],
+        "failure_reasons": [
+            d.decision.failure_reason and d.decision.failure_reason.value for d in done
+        ],
+        "key_in_uses": [d.decision.key_in_use for d in done],
+        "next_keys": [d.decision.next_key for d in done],
+        "confirms": [d.decision.confirm for d in done],
+        "may_lands": [d.result.may_land for d in done],
         "land_seconds": land_seconds,
         "poll_seconds": poll_seconds,
     }

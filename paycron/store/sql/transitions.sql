@@ -163,15 +163,15 @@ SELECT f.*, s.started_at FROM fenced f JOIN started s ON s.payment_id = f.id;
 -- it LEASE_EXPIRED: the real outcome wins), then the payment's CAS fenced on
 -- the attempt (a zombie changes no status), an event per outcome, and a
 -- dead letter for each payment parked.
--- The outcomes come as one JSON array of objects (encoded in C by the
--- worker; sixteen typed arrays cost it four times the CPU to send); the
--- due dates also as an array, which prunes the payments' partitions.
-WITH outcome AS MATERIALIZED (
-    SELECT * FROM json_to_recordset(%(outcomes)s::json)
-        AS o(id uuid, due_at timestamptz, attempt int, payer text, outcome text,
-             error_code text, gateway_ref text, status text, delay float8, failures int,
-             in_doubt bool, failure_reason text, key_in_use int, next_key bool, confirm text,
-             may_land bool)
+WITH outcome AS (
+    SELECT * FROM unnest(
+        %(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[], %(payers)s::text[],
+        %(outcomes)s::text[], %(error_codes)s::text[], %(gateway_refs)s::text[],
+        %(statuses)s::text[], %(delays)s::float8[], %(failures)s::int[], %(in_doubts)s::bool[],
+        %(failure_reasons)s::text[], %(key_in_uses)s::int[], %(next_keys)s::bool[],
+        %(confirms)s::text[], %(may_lands)s::bool[]
+    ) AS o(id, due_at, attempt, payer, outcome, error_code, gateway_ref, status, delay,
+           failures, in_doubt, failure_reason, key_in_use, next_key, confirm, may_land)
 ), finished AS (
     UPDATE attempts a
     SET outcome = o.outcome, error_code = o.error_code, gateway_ref = o.gateway_ref,
