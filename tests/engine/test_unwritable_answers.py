@@ -1,13 +1,16 @@
 """One absurd answer never loses its group (issue 20, row 5).
 
 A processor-side id longer than the 255 characters the schema allows
-violates a CHECK (an IntegrityError, not a DataError); the group's outcomes
+violates a CHECK (an IntegrityError, not a DataError), a NUL byte is a
+DataError, a lone surrogate cannot be encoded at all; the group's outcomes
 are then written one by one and the absurd one without its text, so its
 neighbours' charges are recorded. Real Postgres; the outcomes are what the
 workers hand to ``finish`` after their calls.
 """
 
 from __future__ import annotations
+
+import pytest
 
 from paycron.domain import policy
 from paycron.domain.enums import Outcome
@@ -17,11 +20,19 @@ from tests.factories import insert_payment
 from tests.rows import attempts_of, payment
 
 
-def test_an_over_long_processor_id_does_not_lose_its_neighbours(engine, conn, config):
+@pytest.mark.parametrize(
+    "absurd",
+    [
+        "pi_" + "x" * 300,  # longer than the schema allows: a CHECK
+        "pi_\u0000x",  # a NUL byte: no Postgres text holds it
+        "pi_\ud800x",  # a lone surrogate (JSON's "\\ud800" decodes to it): not UTF-8
+    ],
+    ids=["over-long", "nul", "lone-surrogate"],
+)
+def test_an_absurd_processor_id_does_not_lose_its_neighbours(engine, conn, config, absurd):
     rows = [insert_payment(conn, amount_minor=100 + i) for i in range(3)]
     [(claims, _)] = engine.sweep()
     held = transitions.start(engine.pool, claims, lease_seconds=config.lease_seconds)
-    absurd = "pi_" + "x" * 300
     results = {
         rows[0]["id"]: CallResult(Outcome.SUCCEEDED, gateway_ref="ch_a"),
         rows[1]["id"]: CallResult(Outcome.SUBMITTED, gateway_ref=absurd),
