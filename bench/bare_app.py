@@ -7,10 +7,17 @@ idempotency lookup or metrics.
 - ``create_app(insert=True)``: the same, plus paycron's create statement (the
   idempotency row, the payment and its created event in one durable
   transaction) through a psycopg pool. What the write costs by itself: the
-  gap between it and paycron is paycron's own request handling.
+  gap between it and paycron is paycron's own request handling. Its wait
+  for Postgres blocks the whole gevent worker (psycopg's C wait, chosen when
+  gunicorn's master imported psycopg before the worker patched ``select``):
+  no other request of that worker runs meanwhile.
+- ``create_app(insert=True, cooperative=True)``: the same statement waited
+  for as paycron's API must (``paycron.store.db`` makes psycopg wait through
+  gevent's ``select``, so a create waiting on a row lock stalls only itself).
 
     gunicorn ... 'bench.bare_app:create_app()'
     gunicorn ... 'bench.bare_app:create_app(insert=True)'   # needs DATABASE_URL
+    gunicorn ... 'bench.bare_app:create_app(insert=True, cooperative=True)'
 """
 
 from __future__ import annotations
@@ -23,9 +30,9 @@ from datetime import datetime
 from flask import Flask, jsonify, request
 
 
-def create_app(insert: bool = False) -> Flask:
+def create_app(insert: bool = False, cooperative: bool = False) -> Flask:
     app = Flask(__name__)
-    write = _insert_statement() if insert else None
+    write = _insert_statement(cooperative) if insert else None
 
     @app.post("/v1/scheduled-payments")
     def create():
@@ -44,10 +51,14 @@ def create_app(insert: bool = False) -> Flask:
     return app
 
 
-def _insert_statement():
+def _insert_statement(cooperative: bool):
     from psycopg_pool import ConnectionPool
 
     from paycron.sql import q
+    from paycron.store.db import cooperate_with_gevent
+
+    if cooperative:
+        cooperate_with_gevent()
 
     pool = ConnectionPool(
         os.environ["DATABASE_URL"], min_size=1, max_size=10, kwargs={"autocommit": True}, open=True

@@ -25,6 +25,7 @@ from paycron.config import Config
 from paycron.store import apikeys, partitions
 from paycron.store.db import connect
 from paycron.store.migrate import MIGRATIONS_DIR, migrate, migration_files
+from web import close_app
 
 ADMIN_DSN = os.environ.get(
     "PAYCRON_TEST_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -300,7 +301,7 @@ def app(config):
 
     application = create_app(config)
     yield application
-    application.extensions["paycron.pool"].close()
+    close_app(application)
 
 
 @pytest.fixture

@@ -66,6 +66,16 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     app.extensions["paycron.pool"] = make_pool(
         config, name="web", statement_timeout=config.web_statement_timeout
     )
+    # The create's own sessions (web.payments.create), which plan its one
+    # statement once rather than on every create (paycron.store.db): only
+    # that statement runs on them. No connection until the first create.
+    app.extensions["paycron.create_pool"] = make_pool(
+        config,
+        min_size=0,
+        name="web-create",
+        statement_timeout=config.web_statement_timeout,
+        generic_plans=True,
+    )
     app.extensions["paycron.principals"] = PrincipalCache(config.api_key_cache_seconds)
     # Short command timeouts: a readiness probe must answer while Redis hangs.
     app.extensions["paycron.redis"] = make_redis(config, timeout=2)
@@ -92,3 +102,10 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
         api.register_blueprint(blueprint)
     console.install(app, breaker=breaker)  # only with CONSOLE_SECRET_KEY
     return app
+
+
+def close_app(app: Flask) -> None:
+    """Close the pools :func:`create_app` opened (a worker that exits closes
+    them with its process; tests close them here)."""
+    app.extensions["paycron.create_pool"].close()
+    app.extensions["paycron.pool"].close()

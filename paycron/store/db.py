@@ -60,6 +60,11 @@ def one_row(cursor: psycopg.Cursor[DictRow]) -> DictRow:
 #: Custom plans always: a generic plan of a prepared statement prunes
 #: partitions only at run time, after locking every one of them.
 _SESSION_OPTIONS = "-c TimeZone=UTC -c plan_cache_mode=force_custom_plan"
+#: Generic plans always, for a pool whose sessions run only statements that
+#: read no partitioned table (the web's create: its inserts route their rows
+#: at run time and lock only the partitions they write). Planned again on
+#: every execution, the create spent a third of its time in Postgres planning.
+_GENERIC_SESSION_OPTIONS = "-c TimeZone=UTC -c plan_cache_mode=force_generic_plan"
 
 #: libpq settings every connection gets unless ``DATABASE_URL`` gives its own:
 #: only a server that accepts writes (with several hosts, the primary); a host
@@ -80,7 +85,10 @@ CONNINFO_DEFAULTS = {
 
 
 def connection_kwargs(
-    *, statement_timeout: float | None = None, database_url: str | None = None
+    *,
+    statement_timeout: float | None = None,
+    database_url: str | None = None,
+    generic_plans: bool = False,
 ) -> dict:
     """``statement_timeout`` (seconds; None or 0: none) cancels any statement
     of the session that runs longer. Only the web's pool sets one; every other
@@ -92,9 +100,11 @@ def connection_kwargs(
     a cancelled wait does not undo the commit).
 
     ``database_url``: the DSN these kwargs go with; the keys of
-    :data:`CONNINFO_DEFAULTS` it does not set are added."""
+    :data:`CONNINFO_DEFAULTS` it does not set are added. ``generic_plans``:
+    see :data:`_GENERIC_SESSION_OPTIONS`."""
     timeout_ms = max(1, round(statement_timeout * 1000)) if statement_timeout else 0
-    options = f"{_SESSION_OPTIONS} -c statement_timeout={timeout_ms}"
+    session = _GENERIC_SESSION_OPTIONS if generic_plans else _SESSION_OPTIONS
+    options = f"{session} -c statement_timeout={timeout_ms}"
     kwargs = {"autocommit": True, "row_factory": dict_row, "options": options}
     if database_url is not None:
         given = conninfo_to_dict(database_url)
@@ -115,9 +125,11 @@ def make_pool(
     max_size: int | None = None,
     name: str = "paycron",
     statement_timeout: float | None = None,
+    generic_plans: bool = False,
 ) -> Pool:
     """An opened pool; the caller closes it (``with make_pool(...) as pool``).
-    ``statement_timeout``: see :func:`connection_kwargs` (the web's pool only).
+    ``statement_timeout``: see :func:`connection_kwargs` (the web's pools
+    only); so is ``generic_plans`` (the web's create pool only).
 
     Every connection is checked (one empty round trip) before it is handed
     out: one that died with its server (a failover, a restart) is discarded
@@ -127,14 +139,16 @@ def make_pool(
     after 1 s, then 2 s, and after :data:`RECONNECT_SECONDS` starts over
     (:func:`_reconnect_again`), so a primary promoted after a long outage is
     found within about 2 s, not after a backoff that doubles without limit."""
-    _cooperate_with_gevent()
+    cooperate_with_gevent()
     url = require_database_url(config)
     check = _CheckAll()
     pool: Pool = ConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size or config.db_pool_max,
-        kwargs=connection_kwargs(statement_timeout=statement_timeout, database_url=url),
+        kwargs=connection_kwargs(
+            statement_timeout=statement_timeout, database_url=url, generic_plans=generic_plans
+        ),
         name=name,
         open=False,
         check=check,
@@ -148,7 +162,7 @@ def make_pool(
     return pool
 
 
-def _cooperate_with_gevent() -> None:
+def cooperate_with_gevent() -> None:
     """Under gevent's monkey-patching (gunicorn's gevent worker), wait on
     Postgres the way the other greenlets can run meanwhile.
 
@@ -208,7 +222,7 @@ class _CheckAll:
 CHECK_EVERY_SECONDS = 1.0
 
 
-#: select() for a zero timeout (:func:`_cooperate_with_gevent` may replace it).
+#: select() for a zero timeout (:func:`cooperate_with_gevent` may replace it).
 _select_now = select.select
 
 

@@ -89,6 +89,49 @@ def notify_due(conn: Connection) -> None:
     conn.execute(q("notify_due"))
 
 
+def creation(
+    *,
+    actor: str,
+    key: str,
+    body_hash: bytes,
+    new: NewPayment,
+    processor: str,
+    smear_seconds: float = 0.0,
+) -> dict:
+    """The parameters of the create statement for ``new``: a new payment id,
+    its run time smeared by up to ``smear_seconds``."""
+    run_at = new.due_at
+    if smear_seconds > 0:
+        # Humans schedule for round times; smearing spreads a midnight spike.
+        run_at += timedelta(seconds=random.uniform(0, smear_seconds))
+    return {
+        "actor": actor,
+        "key": key,
+        "request_hash": body_hash,
+        "id": new_payment_id(new.due_at),
+        "due_at": new.due_at,
+        "payee": new.payee,
+        "amount_minor": new.amount_minor,
+        "currency": new.currency,
+        "run_at": run_at,
+        "payment_method": new.payment_method,
+        "customer": new.customer,
+        "processor": processor,
+    }
+
+
+def insert_payment(conn: Connection, params: dict) -> Created | None:
+    """The create's one statement (parameters from :func:`creation`): the
+    payment created, or None when it wrote nothing because the key was used
+    or the customer is not bound to the actor (yet); :func:`create_payment`
+    then says which. It reads no partitioned table, so a session that plans
+    it once (the web's create pool) runs it safely."""
+    row = conn.execute(q("create_payment"), params).fetchone()
+    if row is None:
+        return None
+    return Created(payment={**row, "attempts": []}, replayed=False)
+
+
 def create_payment(
     conn: Connection,
     *,
@@ -113,28 +156,17 @@ def create_payment(
     created. A create naming a customer already bound to it costs no more
     than one without.
     """
-    run_at = new.due_at
-    if smear_seconds > 0:
-        # Humans schedule for round times; smearing spreads a midnight spike.
-        run_at += timedelta(seconds=random.uniform(0, smear_seconds))
-    payment_id = new_payment_id(new.due_at)
-    params = {
-        "actor": actor,
-        "key": key,
-        "request_hash": body_hash,
-        "id": payment_id,
-        "due_at": new.due_at,
-        "payee": new.payee,
-        "amount_minor": new.amount_minor,
-        "currency": new.currency,
-        "run_at": run_at,
-        "payment_method": new.payment_method,
-        "customer": new.customer,
-        "processor": processor,
-    }
-    row = conn.execute(q("create_payment"), params).fetchone()
-    if row is not None:
-        return Created(payment={**row, "attempts": []}, replayed=False)
+    params = creation(
+        actor=actor,
+        key=key,
+        body_hash=body_hash,
+        new=new,
+        processor=processor,
+        smear_seconds=smear_seconds,
+    )
+    created = insert_payment(conn, params)
+    if created is not None:
+        return created
     if new.customer is not None:
         owner = _customer_owner(conn, processor, new.customer)
         if owner is None and binding != REGISTERED:
@@ -147,9 +179,9 @@ def create_payment(
             return Created(payment=replay, replayed=True)
         # Bound to this actor by a concurrent create that committed after the
         # insert began: visible to a new statement.
-        row = conn.execute(q("create_payment"), params).fetchone()
-        if row is not None:
-            return Created(payment={**row, "attempts": []}, replayed=False)
+        created = insert_payment(conn, params)
+        if created is not None:
+            return created
     return _replay_or(conn, actor, key, body_hash, _archived())
 
 

@@ -18,6 +18,7 @@ from tests.console_support import SECRET, console_config, csrf_of
 from tests.factories import add_attempt, insert_payment, park
 from tests.rows import letter, payment
 from tests.support import Clock
+from web import close_app
 
 PAGES = [
     "/console/",
@@ -40,7 +41,7 @@ def console(config, clock):
 
     app = create_app(console_config(config), clock=clock.utc)
     yield app
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 @pytest.fixture
@@ -216,7 +217,7 @@ def test_a_revocation_ends_its_sessions_at_once_whatever_the_api_caches(config, 
         # and a revoked key the API still trusts from its cache cannot sign in again
         assert sign_in(client, key).status_code == 401
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
 
 
 def test_sign_out_ends_the_session(signed_in):

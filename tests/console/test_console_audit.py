@@ -12,6 +12,7 @@ from paycron.store import apikeys
 from tests.console_support import console_config, csrf_of
 from tests.factories import park
 from tests.support import Clock
+from web import close_app
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def console(config):
 
     app = create_app(console_config(config), clock=Clock(running=True).utc)
     yield app
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 @pytest.fixture

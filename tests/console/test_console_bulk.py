@@ -15,6 +15,7 @@ from tests.console_support import console_config, csrf_of
 from tests.factories import insert_payment, park
 from tests.rows import letter, payment
 from tests.support import Clock
+from web import close_app
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def console(config):
         clock=Clock(running=True).utc,
     )
     yield app
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 def signed_in_as(console, make_key, actor: str):

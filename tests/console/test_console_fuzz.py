@@ -15,6 +15,7 @@ from tests.console_support import console_config, csrf_of
 from tests.factories import park
 from tests.rows import letter
 from tests.support import Clock
+from web import close_app
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def console(config):
 
     app = create_app(console_config(config), clock=Clock(running=True).utc)
     yield app
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from scheduler.relay import RelayConfig, WebhookRelay
 from tests.console_support import console_config, csrf_of
 from tests.factories import add_dead_letter, insert_event, insert_payment
 from tests.support import SENDABLE_WITHIN_SECONDS, Clock, WebhookReceiver
+from web import close_app
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def console(config):
 
     app = create_app(console_config(config), clock=Clock(running=True).utc)
     yield app
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 @pytest.fixture

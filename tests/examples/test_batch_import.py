@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
+from web import close_app
+
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "batch_import.py"
 BATCH = "/v1/scheduled-payments/batch"
 
@@ -115,4 +117,4 @@ def test_a_csv_is_imported_once_through_429s_and_a_lost_answer(
         assert count(conn, "payments") == 600
     finally:
         for app in (limited, unlimited):
-            app.extensions["paycron.pool"].close()
+            close_app(app)

@@ -9,7 +9,7 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
-from web import create_app
+from web import close_app, create_app
 
 URL = "/v1/webhook-endpoints"  # any authenticated route: the limit is in web/auth.py
 
@@ -33,7 +33,7 @@ def limited(config):
 
     yield make
     for app in apps:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
 
 
 def _errors() -> float:

@@ -11,6 +11,7 @@ import pytest
 
 from paycron.store.events import to_wire
 from tests.factories import park
+from web import close_app
 
 
 @pytest.fixture
@@ -19,7 +20,7 @@ def app(config, gateway):  # a redrive looks the charge up at the gateway
 
     application = create_app(config)
     yield application
-    application.extensions["paycron.pool"].close()
+    close_app(application)
 
 
 def test_a_redrive_shows_the_payer_an_operator_not_the_name(client, alice, make_key, conn):

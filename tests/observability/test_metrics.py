@@ -14,6 +14,7 @@ from paycron.observability.metrics import DatabaseCollector
 from paycron.sql import q
 from tests.factories import insert_payment, park
 from tests.support import Clock
+from web import close_app
 
 RULES = Path(__file__).resolve().parents[2] / "ops" / "prometheus" / "alerts.yml"
 _SUFFIXES = {
@@ -165,7 +166,7 @@ def test_with_a_multiprocess_directory_the_scrape_is_that_directorys(config, cli
     try:
         samples = scrape(app.test_client())
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert "paycron_http_requests_total" not in samples
     assert "paycron_database_up" in samples
 
@@ -184,7 +185,7 @@ def test_without_a_token_the_web_port_does_not_serve_metrics(config):
     try:
         response = app.test_client().get("/metrics", headers=SCRAPER)
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert (response.status_code, response.get_json()["code"]) == (404, "NOT_FOUND")
 
 
@@ -228,7 +229,7 @@ def test_two_scrapes_within_the_cache_time_read_the_database_once(config, conn):
         assert scrape(client)["paycron_backlog_payments"] == 0  # the same read's values
         assert collector.reads == 1
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
 
 
 class CountingPool:

@@ -9,6 +9,8 @@ import dramatiq
 import sentry_sdk
 from dramatiq.brokers.stub import StubBroker
 
+from web import close_app
+
 # Made at run time: a literal would also appear in the source context Sentry
 # sends for the test's own frames.
 SECRET_PAYER = f"payer-{uuid.uuid4().hex}"
@@ -32,7 +34,7 @@ def test_a_failing_request_leaks_no_body_or_ids(config, sentry, alice):
             headers={**alice, "Idempotency-Key": SECRET_KEY},
         )
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert response.status_code == 500
     sentry_sdk.flush()
     events = sentry.events()
@@ -58,7 +60,7 @@ def test_a_failing_request_leaks_no_query_string(config, sentry, alice):
             headers={**alice, "Referer": f"http://x/console/payments?payer={SECRET_PAYER}"},
         )
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert response.status_code == 500
     sentry_sdk.flush()
     (event,) = sentry.events()

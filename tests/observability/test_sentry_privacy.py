@@ -19,6 +19,7 @@ from paycron.store import transitions
 from tests.conftest import future, iso
 from tests.factories import insert_payment
 from tests.support import CapturingTransport, refusing_writes_of
+from web import close_app
 
 # Made at run time: a literal would also appear in the source context Sentry
 # sends for the test's own frames.
@@ -92,7 +93,7 @@ def test_a_failing_request_after_a_cancel_carries_no_ids(config, conn, captured)
     try:
         response = app.test_client().post("/v1/boom")
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert response.status_code == 500
     text = assert_no_ids(captured)
     assert "violates check constraint" in text and "transition payment=%s" in text
@@ -119,7 +120,7 @@ def test_a_failing_create_naming_a_customer_sends_and_prints_none_of_it(
         with refusing_writes_of(conn, CUSTOMER):
             response = app.test_client().post("/v1/scheduled-payments", json=body, headers=headers)
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert response.status_code == 500
     assert_no_ids(captured)
     exceptions = [

@@ -21,6 +21,7 @@ from tests.console_support import console_config
 from tests.factories import add_attempt, insert_payment, park
 from tests.rows import letter, payment
 from tests.support import Clock
+from web import close_app
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -88,7 +89,7 @@ def server(config, gateway, clock):
     thread.start()
     yield f"http://127.0.0.1:{http.server_port}"
     http.shutdown()
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tests.processes.test_console_browser import (  # noqa: F401  (fixtures)
     snap,
 )
 from tests.rows import letter
+from web import close_app
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +54,7 @@ def server(config, gateway, clock):  # noqa: F811
     stop.set()
     thread.join()
     http.shutdown()
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 def test_a_bulk_refund_is_requested_refused_to_its_requester_and_approved_by_another(

@@ -20,6 +20,7 @@ from paycron.store.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
 from tests.support import WebhookReceiver, wait_until_sendable
+from web import close_app
 
 #: A public address (it was example.com's): what the rebinding name answers first.
 PUBLIC = "93.184.215.14"
@@ -314,7 +315,7 @@ def test_the_registration_error_names_the_rule_not_the_address(
             "/v1/webhook-endpoints", json={"url": "http://internal.example/hook"}, headers=alice
         )
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert response.status_code == 400
     [message] = response.get_json()["errors"]["url"]
     assert "non-public" in message

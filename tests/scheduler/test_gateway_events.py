@@ -20,6 +20,7 @@ from scheduler.gateway_events import GatewayEventService
 from tests.factories import add_dead_letter, insert_payment
 from tests.inprocess import Engine
 from tests.rows import attempts_of, count, event_types, payment
+from web import close_app
 
 SECRET = "whsec_paycron"  # the stub's default signing secret
 
@@ -48,7 +49,7 @@ def web(stripe_config):
         stripe_config.with_overrides(stripe_webhook_secret=("whsec_old_rotated_out", SECRET))
     )
     yield app.test_client()
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 def signed(payload: bytes, secret: str = SECRET, at: int | None = None) -> dict:
@@ -160,7 +161,7 @@ def test_without_a_signing_secret_the_endpoint_is_off(config):
         answer = app.test_client().post("/v1/gateway-events/stripe", data=b"{}")
         assert answer.status_code == 404  # Stripe retries it for days
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
 
 
 def test_a_lost_event_is_made_good_by_the_poller(engine, service, conn, gateway):
@@ -274,7 +275,7 @@ def test_a_waiting_payment_cannot_be_cancelled(engine, conn, gateway, stripe_con
         )
         assert answer.status_code == 409 and answer.json["code"] == "ALREADY_PROCESSING"
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
 
 
 def test_a_redrive_that_finds_the_debit_processing_waits_for_it(

@@ -21,6 +21,7 @@ from paycron.store import apikeys
 from paycron.store.db import CONNINFO_DEFAULTS, connect, connection_kwargs, make_pool
 from paycron.store.migrate import migrate
 from paycron.store.partitions import ensure_partitions
+from web import close_app
 
 #: The web's bound on a write, its commit's wait for the standby included.
 BOUND = 0.5
@@ -176,7 +177,7 @@ def test_a_create_whose_commit_wait_passes_its_bound_answers_503_outcome_unknown
         with standby_down(pair):
             _outcome_unknown_then_replayed(pair, app.test_client(), alice)
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
 
 
 def _outcome_unknown_then_replayed(pair: ReplicatedPostgres, client, alice: dict) -> None:
@@ -229,7 +230,7 @@ def test_a_create_the_standby_confirms_in_time_answers_201(config, pair):
                 == 1
             )
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
 
 
 # -- the primary dies ----------------------------------------------------------------------
@@ -319,4 +320,4 @@ def test_pools_and_readyz_follow_a_failover_without_a_restart(config, fresh_pair
     finally:
         idle_pool.close()
         engine_pool.close()
-        app.extensions["paycron.pool"].close()
+        close_app(app)

@@ -8,14 +8,17 @@ These tests count the locks each hot statement takes.
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 
 from paycron.config import Config
 from paycron.domain.ids import due_range
 from paycron.sql import q
 from paycron.store import payments, transitions
+from paycron.store.db import connection_kwargs
 from scheduler.reaper import reap_batch
 from tests.factories import insert_payment
 
@@ -105,3 +108,41 @@ def test_a_statement_on_now_would_lock_everything(conn):
         ),
     )
     assert taken > 1000
+
+
+def test_the_create_planned_once_locks_only_the_partitions_it_writes(database_url, conn):
+    """The web's create runs on sessions that plan it once (generic plans,
+    web.create_app's create pool): safe because the statement reads no
+    partitioned table, so its plan locks the parents and routing locks the
+    partitions written. The control: a read planned the same way locks
+    every partition, which is why nothing else runs on those sessions."""
+    new = payments.NewPayment(
+        payee="acme",
+        amount_minor=100,
+        currency="USD",
+        due_at=datetime.now(UTC) + timedelta(days=2),
+    )
+    row = insert_payment(conn)
+    with psycopg.connect(
+        database_url, **connection_kwargs(database_url=database_url, generic_plans=True)
+    ) as planned_once:
+        planned_once.prepare_threshold = 0  # each statement prepared at once, as a busy pool's are
+
+        def create():
+            params = payments.creation(
+                actor="alice", key=uuid.uuid4().hex, body_hash=b"h" * 32, new=new, processor="fake"
+            )
+            return payments.insert_payment(planned_once, params)
+
+        assert create() is not None
+        plans = planned_once.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+        ).fetchall()
+        taken = locks_taken(planned_once, create)
+        read = locks_taken(
+            planned_once, lambda: payments.get_payment(planned_once, row["id"], actor="alice")
+        )
+    assert taken <= MAX_LOCKS, f"the create took {taken} locks"
+    (create_plans,) = [p for p in plans if "INSERT INTO idempotency_keys" in p["statement"]]
+    assert create_plans["generic_plans"] >= 1 and create_plans["custom_plans"] == 0
+    assert read > 1000, f"a read planned once took only {read} locks"

@@ -10,6 +10,7 @@ import psycopg
 from paycron.config import Config
 from paycron.store.db import connect, make_pool
 from tests.factories import insert_payment
+from web import close_app
 
 
 def statement_timeout(pool_or_conn) -> str:
@@ -37,7 +38,7 @@ def test_a_statement_past_the_timeout_answers_503_not_500(config, alice, conn, d
         elapsed = time.monotonic() - started
     finally:
         locker.close()
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert response.status_code == 503, response.get_data(as_text=True)
     assert response.mimetype == "application/problem+json"
     assert response.get_json()["code"] == "UNAVAILABLE"
@@ -60,4 +61,4 @@ def test_zero_means_no_timeout(config):
     try:
         assert statement_timeout(app.extensions["paycron.pool"]) == "0"
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.factories import park
+from web import close_app
 
 URL = "/v1/admin/dead-letters"
 
@@ -20,7 +21,7 @@ def app(config, gateway):  # the admin actions reach the gateway
 
     application = create_app(config)
     yield application
-    application.extensions["paycron.pool"].close()
+    close_app(application)
 
 
 def test_a_non_admin_key_sees_nothing_there(client, alice, conn):

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import future, iso
+from web import close_app
 
 URL = "/v1/scheduled-payments/batch"
 SINGLE = "/v1/scheduled-payments"
@@ -210,7 +211,7 @@ def test_a_replay_is_answered_after_its_due_time_has_passed(app, config, alice, 
             )
         )
     finally:
-        later.extensions["paycron.pool"].close()
+        close_app(later)
     assert (answered[0]["status"], answered[0]["replayed"]) == (201, True)
     assert answered[0]["payment"]["id"] == first["payment"]["id"]
     assert answered[1]["status"] == 400 and "dueAt" in answered[1]["error"]["errors"]
@@ -230,7 +231,7 @@ def test_a_day_without_a_partition_is_refused_like_one_beyond_the_horizon(config
             post(app.test_client(), alice, [item("far", beyond), item("near", iso(future()))])
         )
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert answered[0]["status"] == 400
     assert answered[0]["error"]["errors"] == {"dueAt": ["dueAt must be within 500 days"]}
     assert answered[1]["status"] == 201
@@ -251,7 +252,7 @@ def stripe(config):
         )
     )
     yield app.test_client()
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 def test_a_customer_is_bound_by_the_first_create_naming_it(stripe, alice, bob, conn, due):
@@ -328,7 +329,7 @@ def test_more_items_than_the_maximum_is_413_with_the_limit(config, alice, conn, 
         accepted = post(client, alice, [item(f"k{n}", due) for n in range(3)])
         document = client.get("/openapi.json").get_json()
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert refused.status_code == 413
     assert refused.get_json()["code"] == "TOO_MANY_ITEMS"
     assert "at most 3 items" in refused.get_json()["detail"]
@@ -350,7 +351,7 @@ def test_a_body_over_the_batch_limit_is_413_and_one_under_it_is_taken(config, al
         taken = post(client, alice, items)
         refused = post(client, alice, items + [item(f"x{n}", due) for n in range(40)])
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert taken.status_code == 200
     assert refused.status_code == 413 and refused.get_json()["code"] == "BODY_TOO_LARGE"
     assert count(conn, "payments") == 20
@@ -390,7 +391,7 @@ def test_each_item_is_charged_and_a_batch_beyond_the_bucket_is_429_whole(
         # bob has a bucket of his own
         assert post(client, bob, [item(f"e{n}", due) for n in range(500)]).status_code == 200
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert count(conn, "payments") == 1000
 
 

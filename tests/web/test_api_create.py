@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import future, iso
 from tests.support import Clock
+from web import close_app
 
 URL = "/v1/scheduled-payments"
 
@@ -49,6 +50,28 @@ def test_create_returns_the_pending_payment(client, alice, conn):
     assert count(conn, "idempotency_keys") == 1
     event = conn.execute("SELECT type, payer FROM payment_events").fetchall()
     assert event == [{"type": "payment.created", "payer": "alice"}]
+
+
+def test_creates_run_on_sessions_that_plan_them_once_where_nothing_else_runs(
+    app, client, alice, conn
+):
+    """The create's statement is planned once per session, not per create
+    (its own pool, generic plans); replays and refusals are answered on the
+    usual sessions, whose reads of the partitioned payments must be planned
+    for their own day (tests/store/test_partition_pruning.py)."""
+    payload = body()
+    for n in range(6):
+        assert post(client, alice, payload, key=f"k-{n}").status_code == 201
+        assert post(client, alice, payload, key=f"k-{n}").headers["Idempotent-Replayed"] == "true"
+        assert post(client, alice, {**payload, "amount": 1}, key=f"k-{n}").status_code == 409
+    with app.extensions["paycron.create_pool"].connection() as session:
+        plans = session.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+        ).fetchall()
+    [create] = [p for p in plans if "pg_prepared_statements" not in p["statement"]]
+    assert "INSERT INTO idempotency_keys" in create["statement"]
+    assert create["generic_plans"] >= 1 and create["custom_plans"] == 0
+    assert count(conn, "payments") == 6
 
 
 def test_due_at_with_an_offset_is_stored_in_utc(client, alice):
@@ -102,7 +125,7 @@ def test_replay_after_due_at_passed_returns_the_original(app, config, alice, con
         # ... but the replay still returns the original payment
         replay = post(client, alice, payload)
     finally:
-        later.extensions["paycron.pool"].close()
+        close_app(later)
     assert replay.status_code == 201
     assert replay.get_json()["id"] == first["id"]
     assert replay.headers["Idempotent-Replayed"] == "true"
@@ -296,7 +319,7 @@ def test_the_cli_creates_lists_and_revokes_keys(config):
         assert "(0 s in this environment)" in cli("api-key", "revoke", prefix)
         assert post(client, headers, body(), key="key-2").status_code == 401
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert f"{prefix}\terin\tpayments\trevoked" in cli("api-key", "list")
 
 

@@ -17,6 +17,7 @@ from werkzeug.serving import make_server
 from paycron.domain.money import ISO_4217
 from paycron.processors.stripe import amounts as stripe_amounts
 from tests.conftest import future, iso
+from web import close_app
 
 URL = "/v1/scheduled-payments"
 PM, CUS = "pm_card_visa", "cus_Q1w2E3r4T5y6U7"
@@ -35,7 +36,7 @@ def stripe_app(config):
         )
     )
     yield app
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 @pytest.fixture
@@ -276,7 +277,7 @@ def test_a_default_currency_stripe_does_not_take_is_refused_on_currency(config, 
     try:
         response = post(app.test_client(), alice, body())
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert assert_refused(response, conn, "currency")["errors"] == {
         "currency": [stripe_amounts.UNSUPPORTED_CURRENCY]
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.factories import park
+from web import close_app
 
 URL = "/v1/admin/dead-letters"
 
@@ -74,7 +75,7 @@ def test_an_action_the_gateway_cannot_answer_is_a_failure(config, make_key, conn
         row = park(conn)
         assert app.test_client().post(f"{URL}/{row['id']}/refund", headers=admin).status_code == 502
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     (line,) = events(audit_lines, "dead_letter.refund")
     assert line["outcome"] == "failure" and line["reason"]
 
@@ -86,7 +87,7 @@ def test_a_scrape_without_the_token_is_logged(config, audit_lines):
     try:
         assert app.test_client().get("/metrics").status_code == 401
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     (line,) = events(audit_lines, "metrics.unauthorized")
     assert line["outcome"] == "refused"
 
@@ -116,7 +117,7 @@ def test_the_client_address_comes_from_x_forwarded_for_only_behind_a_trusted_pro
                 "/v1/scheduled-payments", headers=forwarded, environ_base={"REMOTE_ADDR": peer}
             )
         finally:
-            app.extensions["paycron.pool"].close()
+            close_app(app)
         assert audit_lines[-1]["remote_addr"] == expected
 
 

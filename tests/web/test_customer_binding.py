@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from paycron.cli import main
 from tests.conftest import future, iso
 from tests.fake_gateway.stripeclient import sdk
+from web import close_app
 
 URL = "/v1/scheduled-payments"
 ADMIN_URL = "/v1/admin/customers"
@@ -76,7 +77,7 @@ def apps():
     for app in made:
         if app.extensions["paycron.payment_method_check"] is not None:
             app.extensions["paycron.payment_method_check"].close()
-        app.extensions["paycron.pool"].close()
+        close_app(app)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from hypothesis.errors import FlakyStrategyDefinition
 
 from paycron.store.events import Position
 from tests.factories import park
+from web import close_app
 from web.admin_customers import ListQuery
 from web.events import FeedQuerySchema
 from web.payments import DUE_AT_PATTERN, CreatePaymentSchema, ListQuerySchema
@@ -206,7 +207,7 @@ def test_the_limits_that_are_settings_are_checked_and_documented_alike(config, m
         )
         assert (created.status_code, created.get_json()["currency"]) == (201, "EUR")
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
 
 
 def test_a_create_links_to_the_operations_that_take_its_id(client):

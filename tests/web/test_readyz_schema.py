@@ -12,6 +12,7 @@ from paycron.config import Config
 from paycron.store.db import connect
 from paycron.store.migrate import migrate
 from tests.conftest import create_database, drop_database, future, iso
+from web import close_app
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def unmigrated_app(config):
     url = create_database(name)
     app = create_app(config.with_overrides(database_url=url))
     yield app, url
-    app.extensions["paycron.pool"].close()
+    close_app(app)
     drop_database(name)
 
 

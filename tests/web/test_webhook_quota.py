@@ -11,7 +11,7 @@ from paycron.config import Config
 from paycron.errors import LimitReached
 from paycron.store import webhooks
 from paycron.store.db import connect
-from web import create_app
+from web import close_app, create_app
 
 URL = "/v1/webhook-endpoints"
 
@@ -20,7 +20,7 @@ URL = "/v1/webhook-endpoints"
 def quota_client(config):
     app = create_app(config.with_overrides(max_webhook_endpoints=3))
     yield app.test_client()
-    app.extensions["paycron.pool"].close()
+    close_app(app)
 
 
 def _register(client, headers, n: int = 1) -> list:

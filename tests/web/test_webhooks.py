@@ -22,6 +22,7 @@ from paycron.store.db import make_pool
 from scheduler.relay import RelayConfig, WebhookRelay
 from tests.factories import insert_event
 from tests.support import SENDABLE_WITHIN_SECONDS, WebhookReceiver, wait_until_sendable
+from web import close_app
 
 URL = "/v1/webhook-endpoints"
 #: Fast relay settings: a 1 s timeout, backoff from 50 ms doubling to 400 ms.
@@ -495,7 +496,7 @@ def test_internal_destinations_are_refused_by_default(config, alice, conn, url):
     try:
         response = app.test_client().post(URL, json={"url": url}, headers=alice)
     finally:
-        app.extensions["paycron.pool"].close()
+        close_app(app)
     assert response.status_code == 400
     assert "url" in response.get_json()["errors"]
     assert conn.execute("SELECT count(*) AS n FROM webhook_endpoints").fetchone()["n"] == 0
