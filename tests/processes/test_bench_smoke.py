@@ -25,7 +25,7 @@ BENCH = REPO_ROOT / "bench"
 SMOKE = {
     "adapter_cpu": ("ms CPU per charge", ()),
     "api_churn": ("requests sent", ()),
-    "api_saturation": ("paycron create at saturation", ("wrk",)),
+    "api_saturation": ("(the durable floor)", ("wrk",)),
     "console_pages": (" median ", ()),
     "create_customer": ("creates of each kind", ()),
     "executor_cpu": ("ms CPU per payment", ()),
