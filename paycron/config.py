@@ -225,9 +225,10 @@ class Config:
     redis_namespace: str = setting("paycron", str)
     #: The circuit breaker judges the gateway on calls of the last this-many seconds.
     circuit_window_seconds: int = setting(10, int)
-    #: Connections per pool of each process.
+    #: Connections per pool of each process (a web worker has two: one for
+    #: creates, opened at the first, and one for everything else).
     db_pool_max: int = setting(10, int)
-    #: The web pool's sessions cancel a statement running longer than this
+    #: The web pools' sessions cancel a statement running longer than this
     #: (0: never), so no request holds a connection and a thread for long: a
     #: page reads a few ms; 5 s leaves room for a slow disk, not for a scan.
     web_statement_timeout: float = setting(5.0, parse_duration)
