@@ -212,7 +212,7 @@ def timed(client, url: str, samples: int, *, expect: tuple[int, ...] = (200, 302
 
 
 def run(payments: int, requests: int, events: int, deliveries: int) -> None:
-    from web import create_app
+    from web import close_app, create_app
     from web.console import reads
 
     with private_database("paycron_bench_console") as url:
@@ -312,7 +312,7 @@ def run(payments: int, requests: int, events: int, deliveries: int) -> None:
             bulk = bulk_run(client, app, parker)
             cancels = cancel_run(client, app, CANCELLER)
         finally:
-            app.extensions["paycron.pool"].close()
+            close_app(app)
     print(
         f"{payments:,} payments (loaded in {loaded:.0f} s), {seeded['parked']:,} parked "
         f"in doubt with open dead letters, 1,000 webhook endpoints with 100,000 events "

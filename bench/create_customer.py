@@ -55,7 +55,7 @@ def run(requests: int) -> None:
 
 
 def _measure(requests: int, stripe_base: str) -> dict[str, list[float]]:
-    from web import create_app
+    from web import close_app, create_app
 
     with private_database("paycron_bench_customer") as url:
         with connect(Config(database_url=url)) as conn:
@@ -124,7 +124,7 @@ def _measure(requests: int, stripe_base: str) -> dict[str, list[float]]:
                     times[kind].append(create(kind))
         finally:
             for app in apps.values():
-                app.extensions["paycron.pool"].close()
+                close_app(app)
     return times
 
 

@@ -164,7 +164,7 @@ def main() -> None:
                 f"{time.monotonic() - started:.0f}s"
             )
             bodies = [event_body(payment_id, intent) for payment_id, _, intent in made]
-            from web import create_app
+            from web import close_app, create_app
 
             app = create_app(config)
             client = app.test_client()
@@ -174,7 +174,7 @@ def main() -> None:
                 answer = client.post("/v1/gateway-events/stripe", data=body, headers=signed(body))
                 times.append(1000 * (time.perf_counter() - t))
                 assert answer.status_code == 200, answer.json
-            app.extensions["paycron.pool"].close()
+            close_app(app)
             times.sort()
             print(
                 f"web: {len(times)} events answered 200, p50 {statistics.median(times):.2f} "

@@ -78,7 +78,7 @@ def timed(client, headers: dict, query: dict) -> tuple[float, int]:
 
 
 def run(payments: int, requests: int, cancelled_every: int) -> None:
-    from web import create_app
+    from web import close_app, create_app
 
     with private_database("paycron_bench_list") as url:
         with connect(Config(database_url=url)) as conn:
@@ -113,7 +113,7 @@ def run(payments: int, requests: int, cancelled_every: int) -> None:
                     times[name].append(ms)
                     items[name] = count
         finally:
-            app.extensions["paycron.pool"].close()
+            close_app(app)
     print(
         f"{payments} payments of one payer, {cancelled} CANCELLED; "
         f"{requests} requests of each kind (limit=20)"

@@ -225,8 +225,9 @@ class Config:
     redis_namespace: str = setting("paycron", str)
     #: The circuit breaker judges the gateway on calls of the last this-many seconds.
     circuit_window_seconds: int = setting(10, int)
-    #: Connections per pool of each process (a web worker has two: one for
-    #: creates, opened at the first, and one for everything else).
+    #: Connections in each process's pool; a web worker splits them between
+    #: two pools: half for creates (opened at the first), the rest for
+    #: everything else.
     db_pool_max: int = setting(10, int)
     #: The web pools' sessions cancel a statement running longer than this
     #: (0: never), so no request holds a connection and a thread for long: a

@@ -63,15 +63,21 @@ def create_app(config: Config | None = None, clock: Callable[[], datetime] = now
     app.json.sort_keys = False
     app.extensions["paycron.config"] = config
     app.extensions["paycron.clock"] = clock
+    # Two pools share DB_POOL_MAX: the create's own sessions (web.payments.create),
+    # which plan its one statement once rather than on every create
+    # (paycron.store.db), and everything else's. No create connection until
+    # the first create.
+    for_creates = max(1, config.db_pool_max // 2)
     app.extensions["paycron.pool"] = make_pool(
-        config, name="web", statement_timeout=config.web_statement_timeout
+        config,
+        max_size=max(1, config.db_pool_max - for_creates),
+        name="web",
+        statement_timeout=config.web_statement_timeout,
     )
-    # The create's own sessions (web.payments.create), which plan its one
-    # statement once rather than on every create (paycron.store.db): only
-    # that statement runs on them. No connection until the first create.
     app.extensions["paycron.create_pool"] = make_pool(
         config,
         min_size=0,
+        max_size=for_creates,
         name="web-create",
         statement_timeout=config.web_statement_timeout,
         generic_plans=True,

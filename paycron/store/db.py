@@ -1,5 +1,5 @@
-"""Connections: one psycopg pool per process, autocommit by default, and the
-process's Redis client.
+"""Connections: a psycopg pool per process (a web worker has two, see
+``web.create_app``), autocommit by default, and the process's Redis client.
 
 Multi-statement units of work open ``conn.transaction()`` explicitly; every
 single-statement transition runs in autocommit, so a CAS is one round trip.
@@ -91,7 +91,7 @@ def connection_kwargs(
     generic_plans: bool = False,
 ) -> dict:
     """``statement_timeout`` (seconds; None or 0: none) cancels any statement
-    of the session that runs longer. Only the web's pool sets one; every other
+    of the session that runs longer. Only the web's pools set one; every other
     session sets ``statement_timeout=0`` itself, whatever the server's or
     role's default. A statement timeout never covers a commit's wait for the
     synchronous standby (Postgres disables it before committing: measured,

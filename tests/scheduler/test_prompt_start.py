@@ -9,6 +9,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from paycron.store import payments
@@ -119,6 +120,29 @@ def test_a_create_due_within_the_interval_is_announced(client, alice, config):
         assert announced(listener) == 1
     finally:
         listener.close()
+
+
+def test_a_create_whose_announcement_fails_still_answers_its_payment(
+    client, alice, conn, monkeypatch
+):
+    """The payment is committed before its NOTIFY: a NOTIFY that fails (here
+    cancelled, as at the write's bound) must not answer 503, which tells the
+    client nothing was created (a retry under a new key would schedule it
+    twice). The next sweep claims it."""
+
+    def cancelled(connection):
+        raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(payments, "notify_due", cancelled)
+    due = datetime.now(UTC) + timedelta(seconds=1)
+    response = client.post(
+        "/v1/scheduled-payments",
+        json={"payee": "acme", "amount": 2500, "dueAt": iso(due)},
+        headers={**alice, "Idempotency-Key": "soon"},
+    )
+    assert response.status_code == 201, response.get_data(as_text=True)
+    stored = conn.execute("SELECT id FROM payments").fetchall()
+    assert [str(row["id"]) for row in stored] == [response.get_json()["id"]]
 
 
 def test_a_create_due_later_and_a_replay_are_not_announced(client, alice, config):

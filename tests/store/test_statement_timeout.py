@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import psycopg
+import pytest
 
 from paycron.config import Config
 from paycron.store.db import connect, make_pool
@@ -47,6 +48,7 @@ def test_a_statement_past_the_timeout_answers_503_not_500(config, alice, conn, d
 
 def test_only_the_web_pool_has_a_statement_timeout(app, database_url):
     assert statement_timeout(app.extensions["paycron.pool"]) == "5s"  # the default
+    assert statement_timeout(app.extensions["paycron.create_pool"]) == "5s"
     config = Config(database_url=database_url)
     with make_pool(config, name="worker") as pool:  # scheduler, workers, relay
         assert statement_timeout(pool) == "0"
@@ -62,3 +64,15 @@ def test_zero_means_no_timeout(config):
         assert statement_timeout(app.extensions["paycron.pool"]) == "0"
     finally:
         close_app(app)
+
+
+@pytest.mark.parametrize("db_pool_max", [2, 3, 10])
+def test_the_web_pools_share_db_pool_max(config, db_pool_max):
+    from web import create_app
+
+    app = create_app(config.with_overrides(db_pool_max=db_pool_max))
+    try:
+        sizes = [app.extensions[name].max_size for name in ("paycron.pool", "paycron.create_pool")]
+    finally:
+        close_app(app)
+    assert sum(sizes) == db_pool_max and min(sizes) >= 1

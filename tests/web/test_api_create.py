@@ -7,10 +7,15 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import future, iso
 from tests.support import Clock
 from web import close_app
+from web.bodies import headers, load
+from web.payments import _KEY_HEADER, request_idempotency_key
+from web.problems import Problem
 
 URL = "/v1/scheduled-payments"
 
@@ -53,23 +58,36 @@ def test_create_returns_the_pending_payment(client, alice, conn):
 
 
 def test_creates_run_on_sessions_that_plan_them_once_where_nothing_else_runs(
-    app, client, alice, conn
+    app, client, alice, bob, conn
 ):
     """The create's statement is planned once per session, not per create
     (its own pool, generic plans); replays and refusals are answered on the
     usual sessions, whose reads of the partitioned payments must be planned
-    for their own day (tests/store/test_partition_pruning.py)."""
+    for their own day (tests/store/test_partition_pruning.py). Every
+    statement the create's session runs is prepared at once here, so any
+    other one would be seen."""
+    with app.extensions["paycron.create_pool"].connection() as session:
+        session.prepare_threshold = 0
     payload = body()
-    for n in range(6):
+    for n in range(3):
         assert post(client, alice, payload, key=f"k-{n}").status_code == 201
         assert post(client, alice, payload, key=f"k-{n}").headers["Idempotent-Replayed"] == "true"
         assert post(client, alice, {**payload, "amount": 1}, key=f"k-{n}").status_code == 409
+    soon = body(dueAt=iso(datetime.now(UTC) + timedelta(seconds=1)))
+    assert post(client, alice, soon, key="soon").status_code == 201  # announced: NOTIFY
+    named = body(customer="cus_shared")
+    assert post(client, alice, named, key="c-1").status_code == 201  # binds the customer
+    assert post(client, alice, named, key="c-2").status_code == 201
+    refused = post(client, bob, named, key="c-3")
+    assert (refused.status_code, refused.get_json()["code"]) == (400, "CUSTOMER_NOT_YOURS")
     with app.extensions["paycron.create_pool"].connection() as session:
+        assert session.prepare_threshold == 0  # the same session
         plans = session.execute(
             "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
         ).fetchall()
-    [create] = [p for p in plans if "pg_prepared_statements" not in p["statement"]]
-    assert "INSERT INTO idempotency_keys" in create["statement"]
+    ran = [p for p in plans if "pg_prepared_statements" not in p["statement"]]
+    [create] = [p for p in ran if "INSERT INTO idempotency_keys" in p["statement"]]
+    assert [p["statement"] for p in ran if p is not create] == ["NOTIFY paycron_due"]
     assert create["generic_plans"] >= 1 and create["custom_plans"] == 0
     assert count(conn, "payments") == 6
 
@@ -328,3 +346,36 @@ def test_only_a_hash_of_the_key_is_stored(conn, make_key):
     stored = conn.execute("SELECT * FROM api_keys WHERE actor = 'dave'").fetchone()
     assert key.encode() not in bytes(stored["key_hash"])
     assert key not in str(stored)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    key=st.one_of(
+        st.text(alphabet=st.characters(min_codepoint=0x09, max_codepoint=0xFF), max_size=300),
+        st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=250),
+    )
+)
+@example(key="k" * 255)
+@example(key="k" * 256)
+@example(key="")
+@example(key=" ")
+@example(key="caf\xe9")
+@example(key="a\x7f")
+@example(key="a\tb")
+def test_a_key_taken_without_the_schema_is_one_the_schema_takes(app, key):
+    """The create takes a plain Idempotency-Key itself and leaves every other
+    to the header's schema: what it takes, the schema takes, unchanged."""
+    if "\n" in key or "\r" in key:
+        return  # no HTTP header carries them
+    with app.test_request_context(headers={"Idempotency-Key": key}):
+        try:
+            taken = request_idempotency_key()
+        except Problem:
+            taken = None
+        try:
+            loaded = load(_KEY_HEADER, headers(_KEY_HEADER))["idempotency_key"]
+        except Problem:
+            loaded = None
+    assert taken == loaded
