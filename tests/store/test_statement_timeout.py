@@ -4,12 +4,15 @@ the request answers 503 UNAVAILABLE; no other process's sessions get one."""
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 import psycopg
 import pytest
 
 from paycron.config import Config
+from paycron.sql import q
 from paycron.store.db import connect, make_pool
+from tests.conftest import future, iso
 from tests.factories import insert_payment
 from web import close_app
 
@@ -76,3 +79,54 @@ def test_the_web_pools_share_db_pool_max(config, db_pool_max):
     finally:
         close_app(app)
     assert sum(sizes) == db_pool_max and min(sizes) >= 1
+
+
+def test_a_create_waits_once_for_the_bound_not_once_per_session(config, alice, database_url):
+    """A create that writes nothing on its own session is done again on the
+    usual one, within what is left of the same WEB_STATEMENT_TIMEOUT. Here
+    the first try waits 0.6 s for a concurrent create of the same key, and
+    the replay then waits on that key's row: the answer comes at the bound
+    (1 s), not 0.6 s after it."""
+    import threading
+
+    from paycron.store import payments
+    from web import create_app
+
+    body = {"payee": "acme", "amount": 2500, "dueAt": iso(future())}
+    new = payments.NewPayment(
+        payee="acme",
+        amount_minor=2500,
+        currency="USD",
+        due_at=datetime.fromisoformat(body["dueAt"]),
+    )
+    params = payments.creation(
+        actor="alice", key="k", body_hash=payments.request_hash(body), new=new, processor="fake"
+    )
+    app = create_app(config.with_overrides(web_statement_timeout=1.0))
+    first = psycopg.connect(database_url)
+    holder = psycopg.connect(database_url)
+    first.execute(q("create_payment"), params)  # uncommitted: the same key, in flight
+
+    def commit_then_hold_the_key():
+        time.sleep(0.6)
+        first.commit()
+        holder.execute(
+            "SELECT 1 FROM idempotency_keys WHERE actor = 'alice' AND key = 'k' FOR UPDATE"
+        )
+
+    thread = threading.Thread(target=commit_then_hold_the_key)
+    try:
+        thread.start()
+        started = time.monotonic()
+        response = app.test_client().post(
+            "/v1/scheduled-payments", json=body, headers={**alice, "Idempotency-Key": "k"}
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        thread.join()
+        holder.rollback()
+        holder.close()
+        first.close()
+        close_app(app)
+    assert response.status_code == 503, response.get_data(as_text=True)
+    assert 0.9 < elapsed < 1.45, elapsed
