@@ -239,8 +239,9 @@ class Config:
     gateway_max_in_flight: int = setting(256, int)
     #: How a worker process makes its calls: ``threads`` (a thread per call
     #: in flight, blocking clients) or ``asyncio`` (one event loop per
-    #: process: Dramatiq's AsyncIO middleware, psycopg's async pool, aiohttp;
-    #: the fake processor's charges only, every other request on a thread).
+    #: process: Dramatiq's AsyncIO middleware, psycopg's async pool, the
+    #: charge's own HTTP/1.1 connections; the fake processor's charges only,
+    #: every other request on a thread).
     #: Same statements, same guarantees (docs/performance.md). ``auto``: the
     #: faster for the processor, ``asyncio`` for the card processor and
     #: ``threads`` for Stripe (its SDK blocks: on the loop every charge would

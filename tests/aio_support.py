@@ -35,7 +35,7 @@ class LoopThread:
 class AsyncFacade:
     """An :class:`AsyncExecutor` paired with ``blocking`` (its rare paths),
     charging ``url``'s fake processor with ``charger`` (a class like
-    AsyncCardProcessor) over aiohttp."""
+    AsyncCardProcessor) over its own connections."""
 
     def __init__(
         self,

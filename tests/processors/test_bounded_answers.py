@@ -39,36 +39,32 @@ def answering():
     server.server_close()
 
 
-def _charge(url: str):
-    client = CardProcessor(url, timeout=2)
-    try:
-        return client.charge(
-            ChargeRequest(reference="r", idempotency_key="k", amount=100, currency="USD")
-        )
-    finally:
-        client.close()
+def _charge(charge_at, url: str):
+    return charge_at(
+        url, ChargeRequest(reference="r", idempotency_key="k", amount=100, currency="USD")
+    )
 
 
 @pytest.mark.parametrize(
     "charge_id", ["ch_" + "x" * 300, "ch_1\n2026-01-01 INFO forged", "ch_<script>", "ch_é"]
 )
-def test_an_absurd_charge_id_is_not_kept_the_outcome_is(answering, charge_id):
+def test_an_absurd_charge_id_is_not_kept_the_outcome_is(answering, charge_at, charge_id):
     answer, url = answering
     answer[0] = (200, json.dumps({"id": charge_id}).encode())
-    result = _charge(url)
+    result = _charge(charge_at, url)
     assert (result.outcome, result.gateway_ref) == (Outcome.SUCCEEDED, UNUSABLE_ID)
 
 
-def test_a_sane_charge_id_is_kept(answering):
+def test_a_sane_charge_id_is_kept(answering, charge_at):
     answer, url = answering
     answer[0] = (200, b'{"id": "ch_3Pq-x.y:z_1"}')
-    assert _charge(url).gateway_ref == "ch_3Pq-x.y:z_1"
+    assert _charge(charge_at, url).gateway_ref == "ch_3Pq-x.y:z_1"
 
 
-def test_an_oversized_answer_is_not_read_whole(answering):
+def test_an_oversized_answer_is_not_read_whole(answering, charge_at):
     answer, url = answering
     answer[0] = (200, b'{"id": "ch_1", "pad": "' + b"x" * (MAX_ANSWER_BYTES + 10) + b'"}')
-    result = _charge(url)
+    result = _charge(charge_at, url)
     assert (result.outcome, result.error_code, result.in_doubt) == (
         Outcome.AMBIGUOUS,
         "oversized_answer",

@@ -19,15 +19,11 @@ from paycron.store.transitions import UNWRITABLE, claim_due
 from tests.factories import insert_payment
 
 
-def charge(scripted, status, body=b"{}", headers=None):
+def charge(charge_at, scripted, status, body=b"{}", headers=None):
     scripted.answers[100] = (status, headers or {}, body)
-    client = CardProcessor(scripted.url, timeout=2)
-    try:
-        return client.charge(
-            ChargeRequest(reference="r", idempotency_key="k", amount=100, currency="USD")
-        )
-    finally:
-        client.close()
+    return charge_at(
+        scripted.url, ChargeRequest(reference="r", idempotency_key="k", amount=100, currency="USD")
+    )
 
 
 @pytest.mark.parametrize(
@@ -46,9 +42,9 @@ def charge(scripted, status, body=b"{}", headers=None):
         (None, None),
     ],
 )
-def test_retry_after_is_clamped_and_absurd_values_ignored(scripted, header, expected):
+def test_retry_after_is_clamped_and_absurd_values_ignored(scripted, charge_at, header, expected):
     headers = {} if header is None else {"Retry-After": header}
-    result = charge(scripted, 429, headers=headers)
+    result = charge(charge_at, scripted, 429, headers=headers)
     assert result.outcome is Outcome.RATE_LIMITED
     assert result.retry_after == expected
 
@@ -56,8 +52,8 @@ def test_retry_after_is_clamped_and_absurd_values_ignored(scripted, header, expe
 @pytest.mark.parametrize(
     "body", [b"not json", b"{}", b'{"id": 5}', b'{"id": ""}', b"[]", b"null", b'"ch_1"']
 )
-def test_a_malformed_2xx_is_ambiguous_for_that_payment(scripted, body):
-    result = charge(scripted, 200, body=body)
+def test_a_malformed_2xx_is_ambiguous_for_that_payment(scripted, charge_at, body):
+    result = charge(charge_at, scripted, 200, body=body)
     assert (result.outcome, result.in_doubt) == (Outcome.AMBIGUOUS, True)
 
 
