@@ -129,8 +129,10 @@ SELECT id, due_at, attempt FROM claimed ORDER BY turn;
 -- message and is dropped too: the attempt row is the exclusive token.
 -- The payment is stamped with the processor about to be called (only ever
 -- that one after: a payment first called elsewhere is fenced out).
+-- Its arrays, as finish_attempts', are sent binary (%(name)b): psycopg
+-- dumps a group's arrays in about a third of the text format's time.
 WITH claim AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[])
+    SELECT * FROM unnest(%(ids)b::uuid[], %(due_ats)b::timestamptz[], %(attempts)b::int[])
         AS c(id, due_at, attempt)
 ), fenced AS (
     UPDATE payments p
@@ -139,7 +141,7 @@ WITH claim AS (
         updated_at = now()
     FROM claim c
     WHERE p.id = c.id AND p.due_at = c.due_at AND p.status = 'PROCESSING'
-      AND p.attempt = c.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      AND p.attempt = c.attempt AND p.due_at = ANY(%(due_ats)b::timestamptz[])
       AND (p.processor IS NULL OR p.processor = %(processor)s)
     RETURNING p.id, p.due_at, p.attempt, p.payer, p.amount_minor, p.currency, p.failures,
               p.in_doubt, p.key_in_use, p.customer, p.payment_method, p.key_generation,
@@ -165,11 +167,11 @@ SELECT f.*, s.started_at FROM fenced f JOIN started s ON s.payment_id = f.id;
 -- dead letter for each payment parked.
 WITH outcome AS (
     SELECT * FROM unnest(
-        %(ids)s::uuid[], %(due_ats)s::timestamptz[], %(attempts)s::int[], %(payers)s::text[],
-        %(outcomes)s::text[], %(error_codes)s::text[], %(gateway_refs)s::text[],
-        %(statuses)s::text[], %(delays)s::float8[], %(failures)s::int[], %(in_doubts)s::bool[],
-        %(failure_reasons)s::text[], %(key_in_uses)s::int[], %(next_keys)s::bool[],
-        %(confirms)s::text[], %(may_lands)s::bool[]
+        %(ids)b::uuid[], %(due_ats)b::timestamptz[], %(attempts)b::int[], %(payers)b::text[],
+        %(outcomes)b::text[], %(error_codes)b::text[], %(gateway_refs)b::text[],
+        %(statuses)b::text[], %(delays)b::float8[], %(failures)b::int[], %(in_doubts)b::bool[],
+        %(failure_reasons)b::text[], %(key_in_uses)b::int[], %(next_keys)b::bool[],
+        %(confirms)b::text[], %(may_lands)b::bool[]
     ) AS o(id, due_at, attempt, payer, outcome, error_code, gateway_ref, status, delay,
            failures, in_doubt, failure_reason, key_in_use, next_key, confirm, may_land)
 ), finished AS (
@@ -210,7 +212,7 @@ WITH outcome AS (
         updated_at = now()
     FROM outcome o LEFT JOIN finished f ON f.payment_id = o.id
     WHERE p.id = o.id AND p.due_at = o.due_at AND p.status = 'PROCESSING'
-      AND p.attempt = o.attempt AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      AND p.attempt = o.attempt AND p.due_at = ANY(%(due_ats)b::timestamptz[])
     RETURNING p.id, p.status, p.run_at, p.in_doubt
 ), events AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt, data)
