@@ -100,6 +100,11 @@ def read_bounded(response, limit: int = MAX_ANSWER_BYTES) -> Answer:
     """A urllib3 response opened with ``preload_content=False``, read to at
     most ``limit`` bytes (AnswerTooLarge beyond) and released."""
     try:
+        if response.status < 200:
+            # An interim answer (http.client skips only 100): the final one
+            # is still on its way on this connection and must never be
+            # read as the next request's.
+            response.close()
         data = response.read(limit + 1)
         if len(data) > limit:
             raise AnswerTooLarge(f"the answer is larger than {limit} bytes")

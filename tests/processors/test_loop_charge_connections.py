@@ -322,6 +322,7 @@ def test_an_oversized_head_is_not_read_whole(processor):
         ),
         (503, {}, b"{}", (Outcome.RETRYABLE_ERROR, "http_503", True, False)),
         (400, {}, b"{}", (Outcome.RETRYABLE_ERROR, "http_400", False, False)),
+        (202, {}, b'{"id": "ch_1"}', (Outcome.AMBIGUOUS, "http_202", True, False)),
     ],
 )
 def test_both_clients_read_each_status_alike(processor, status, headers, body, expected):
@@ -331,10 +332,10 @@ def test_both_clients_read_each_status_alike(processor, status, headers, body, e
         assert (result.outcome, result.error_code, result.in_doubt, result.replayed) == expected
 
 
-@pytest.fixture
-def tls_processor(tmp_path, monkeypatch):
+def _tls_server(tmp_path, monkeypatch, *, stalled: bool = False):
     """The processor over HTTPS with a self-signed certificate for
-    processor.test, which the client trusts (SSL_CERT_FILE)."""
+    processor.test, which the client trusts (SSL_CERT_FILE); ``stalled``:
+    it reads each request and never answers."""
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
         [
@@ -355,6 +356,9 @@ def tls_processor(tmp_path, monkeypatch):
 
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
+            if stalled:
+                time.sleep(5)
+                return
             status, headers, body = CHARGED
             self.answer(status, body, headers)
 
@@ -362,6 +366,20 @@ def tls_processor(tmp_path, monkeypatch):
     server.daemon_threads = True
     server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def tls_processor(tmp_path, monkeypatch):
+    server = _tls_server(tmp_path, monkeypatch)
+    yield server.server_port
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def tls_processor_stalled(tmp_path, monkeypatch):
+    server = _tls_server(tmp_path, monkeypatch, stalled=True)
     yield server.server_port
     server.shutdown()
     server.server_close()
@@ -381,3 +399,168 @@ def test_a_certificate_that_does_not_name_the_processor_is_refused_before_sendin
         aio.CONNECT_FAILED,
         False,
     )
+
+
+class Interim(QuietHandler):
+    """Answers each charge with an interim 103 first, its final 201 (a
+    charge id naming the request's reference) a moment later."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+        self.wfile.flush()
+        time.sleep(0.2)
+        self.answer(201, json.dumps({"id": f"ch_for_{body['reference']}"}).encode(), {})
+
+
+def test_an_interim_answer_is_never_read_as_a_charges_answer():
+    """Neither client takes the 103 for the charge's answer while the 201
+    waits on the connection for the next request to read as its own."""
+    server = serve_on_loopback(Interim)
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        from paycron.processors.card.client import CardProcessor
+
+        blocking = CardProcessor(url, timeout=2)
+        try:
+            in_blocking = [blocking.charge(request(n)) for n in range(3)]
+        finally:
+            blocking.close()
+        on_the_loop = charges(url, in_turn(3))
+    finally:
+        server.shutdown()
+        server.server_close()
+    for n, result in enumerate(in_blocking):
+        # http.client skips only a 100: the 103 is in doubt, never a refusal.
+        assert (result.outcome, result.error_code, result.in_doubt) == (
+            Outcome.AMBIGUOUS,
+            "http_103",
+            True,
+        ), n
+    assert [(r.outcome, r.gateway_ref) for r in on_the_loop] == [
+        (Outcome.SUCCEEDED, f"ch_for_p{n}") for n in range(3)
+    ]
+
+
+def test_an_answer_that_switches_protocols_is_in_doubt(processor):
+    class Switching(QuietHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n")
+
+    server = serve_on_loopback(Switching)
+    try:
+        [result] = charges(f"http://127.0.0.1:{server.server_port}", in_turn(1))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (result.outcome, result.in_doubt) == (Outcome.AMBIGUOUS, True)
+
+
+def test_one_endless_header_is_cut_at_the_bound():
+    class Endless(QuietHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.wfile.write(b"HTTP/1.1 201 Created\r\nX-Pad: ")
+            try:
+                for _ in range(64):  # 4 MiB of one header, never ended
+                    self.wfile.write(b"x" * (64 << 10))
+            except OSError:
+                pass  # the client cut it
+
+    server = serve_on_loopback(Endless)
+    try:
+        [result] = charges(f"http://127.0.0.1:{server.server_port}", in_turn(1))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (result.outcome, result.error_code, result.in_doubt) == (
+        Outcome.AMBIGUOUS,
+        "oversized_answer",
+        True,
+    )
+
+
+def test_an_answer_ended_by_the_connection_is_in_doubt():
+    """No length and no chunks: its end is the connection's, which httptools
+    cannot tell from a drop. In doubt (looked up), never guessed."""
+
+    class Unframed(QuietHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.wfile.write(b'HTTP/1.0 201 Created\r\n\r\n{"id": "ch_1"}')
+            self.close_connection = True
+
+    server = serve_on_loopback(Unframed)
+    try:
+        [result] = charges(f"http://127.0.0.1:{server.server_port}", in_turn(1))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (result.outcome, result.in_doubt) == (Outcome.AMBIGUOUS, True)
+
+
+def test_a_chunked_answers_trailers_never_replace_its_headers(processor):
+    class Trailing(QuietHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.wfile.write(
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\n"
+                b"Transfer-Encoding: chunked\r\nTrailer: Retry-After\r\n\r\n"
+                b"2\r\n{}\r\n0\r\nRetry-After: 3600\r\n\r\n"
+            )
+
+    server = serve_on_loopback(Trailing)
+    try:
+        [result] = charges(f"http://127.0.0.1:{server.server_port}", in_turn(1))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (result.outcome, result.retry_after) == (Outcome.RATE_LIMITED, 7.0)
+
+
+def _sockets_to(port: int) -> int:
+    """This process's open TCP sockets connected to ``port`` on loopback."""
+    import os
+
+    ours = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            ours.add(target[8:-1])
+    count = 0
+    with open("/proc/self/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            remote_port = int(fields[2].split(":")[1], 16)
+            if remote_port == port and fields[9] in ours:
+                count += 1
+    return count
+
+
+def test_connections_cut_over_tls_are_closed_at_once(tls_processor_stalled):
+    """A graceful TLS close waits (30 s) for a stalled processor's reply with
+    its socket open: cut connections would pile up past ``max_connections``."""
+
+    async def plan(client):
+        results = [await client.charge(request(n), timeout=0.3) for n in range(4)]
+        await asyncio.sleep(0.2)
+        return results, _sockets_to(tls_processor_stalled)
+
+    results, still_open = charges(
+        f"https://127.0.0.1:{tls_processor_stalled}", plan, max_connections=1
+    )
+    assert [(r.outcome, r.in_doubt) for r in results] == [(Outcome.AMBIGUOUS, True)] * 4
+    assert still_open == 0

@@ -84,8 +84,8 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._answer: asyncio.Future[WireAnswer] | None = None
         self._headers = _Headers()
-        self._name = ""
         self._body: list[bytes] = []
+        self._in_head = False
         self._head_size = 0
         self._body_size = 0
         self._reusable = False
@@ -104,11 +104,23 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+            while data:
+                if not self._in_head:
+                    self._parser.feed_data(data)
+                    break
+                # httptools holds a header's bytes until the header ends:
+                # a head is fed at most MAX_HEAD_BYTES, so one endless header
+                # is cut there, not held.
+                room = MAX_HEAD_BYTES - self._head_size
+                if room <= 0:
+                    raise AnswerTooLarge(f"the answer's head is larger than {MAX_HEAD_BYTES} bytes")
+                piece, data = data[:room], data[room:]
+                self._head_size += len(piece)
+                self._parser.feed_data(piece)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, AnswerTooLarge) as exc:
             self._fail(exc)
             return
-        if self._head_size > MAX_HEAD_BYTES or self._body_size > MAX_ANSWER_BYTES:
+        if self._body_size > MAX_ANSWER_BYTES:
             self._fail(AnswerTooLarge(f"the answer is larger than {MAX_ANSWER_BYTES} bytes"))
         elif self._unasked:
             self._fail(ConnectionError("the processor answered what was not asked"))
@@ -126,11 +138,20 @@ class _Connection(asyncio.Protocol):
         if self._answer is None or self._answer.done():
             # A second answer behind the first: nobody asked for it.
             self._unasked = True
+            return
+        # The answer, or the final one after an interim (1xx) answer (the
+        # heads of both count against MAX_HEAD_BYTES).
+        self._headers = _Headers()
+        self._body = []
+        self._in_head = True
+        self._body_size = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size <= MAX_HEAD_BYTES:
-            self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        if self._in_head:  # not a chunked answer's trailers
+            self._headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
@@ -141,12 +162,16 @@ class _Connection(asyncio.Protocol):
         answer = self._answer
         if answer is None or answer.done() or self._body_size > MAX_ANSWER_BYTES:
             return
-        if self._head_size > MAX_HEAD_BYTES:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                # Switching protocols on a charge: no HTTP answer follows.
+                self._unasked = True
+                answer.set_exception(ConnectionError("the processor switched protocols"))
+            # Otherwise an interim answer (100, 102, 103): the answer follows.
             return
         self._reusable = self._parser.should_keep_alive()
-        answer.set_result(
-            WireAnswer(self._parser.get_status_code(), self._headers, b"".join(self._body))
-        )
+        answer.set_result(WireAnswer(status, self._headers, b"".join(self._body)))
 
     # the charge's side
 
@@ -161,8 +186,7 @@ class _Connection(asyncio.Protocol):
         """Write one request; its answer, once whole."""
         assert self.transport is not None
         self._answer = asyncio.get_running_loop().create_future()
-        self._headers = _Headers()
-        self._body = []
+        self._in_head = True
         self._head_size = self._body_size = 0
         self._reusable = False
         self.transport.write(request)
@@ -182,8 +206,11 @@ class _Connection(asyncio.Protocol):
         )
 
     def close(self) -> None:
+        """Closed at once: over TLS a graceful close would wait for the
+        processor's reply (30 s) with its socket still open, outside the
+        count of ``max_connections``."""
         if self.transport is not None:
-            self.transport.close()
+            self.transport.abort()
 
     def _fail(self, exc: Exception) -> None:
         self._reusable = False

@@ -62,6 +62,11 @@ def classify(response: urllib3.BaseHTTPResponse) -> CallResult:
             # in doubt and asked again under its key; its neighbours are not hurt.
             return CallResult(Outcome.AMBIGUOUS, error_code="malformed_answer", in_doubt=True)
         return CallResult(Outcome.SUCCEEDED, gateway_ref=charge_id)
+    if status < 300:
+        # An interim answer taken for the last (a 103 through http.client),
+        # or a 2xx that is not a charge made (202: accepted, still at work):
+        # the charge may exist. In doubt, asked again under its key.
+        return CallResult(Outcome.AMBIGUOUS, error_code=f"http_{status}", in_doubt=True)
     if status == 402:
         return CallResult(Outcome.DECLINED, error_code=_declined(response))
     if status == 429:
