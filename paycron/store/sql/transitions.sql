@@ -102,9 +102,9 @@ WHERE p.status = 'PROCESSING' AND p.due_at <= %(now)s AND p.due_at >= %(live_fro
 -- beside millions of terminal rows, the planner turned that join into a hash
 -- join reading every due row through the sweep index for a 10-row claim
 -- (bench/sweep_history.py); and due_at = ANY(...) plans only the claimed
--- rows' partitions.
+-- rows' partitions. Its arrays are sent binary, as start_attempts'.
 WITH locked AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(due_ats)s::timestamptz[]) WITH ORDINALITY
+    SELECT * FROM unnest(%(ids)b::uuid[], %(due_ats)b::timestamptz[]) WITH ORDINALITY
         AS l(id, due_at, turn)
 ), claimed AS (
     UPDATE payments p
@@ -114,7 +114,7 @@ WITH locked AS (
         updated_at = now()
     FROM locked l
     WHERE p.id = l.id AND p.due_at = l.due_at AND p.status = 'PENDING'
-      AND p.due_at = ANY(%(due_ats)s::timestamptz[])
+      AND p.due_at = ANY(%(due_ats)b::timestamptz[])
     RETURNING p.id, p.due_at, p.payer, p.attempt, l.turn
 ), ev AS (
     INSERT INTO payment_events (payment_id, payer, type, status, attempt)
