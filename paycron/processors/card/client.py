@@ -6,9 +6,9 @@ one :class:`~paycron.processors.base.CallResult` (:func:`classify`).
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, date, datetime
 
+import orjson
 import urllib3
 
 from paycron.deadline import deadline, pool_manager
@@ -34,7 +34,7 @@ REPORT_DEADLINE_SECONDS = 300.0
 
 def _json(response: urllib3.BaseHTTPResponse):
     try:
-        return json.loads(response.data)
+        return orjson.loads(response.data)
     except ValueError:
         return None
 
@@ -140,7 +140,7 @@ class CardProcessor:
             response = self._pool.request(
                 method,
                 self._base_url + path,
-                body=json.dumps(body).encode() if body is not None else None,
+                body=orjson.dumps(body) if body is not None else None,
                 fields=fields,
                 headers=all_headers,
                 timeout=urllib3.Timeout(connect=min(seconds, 3.0), read=seconds),
