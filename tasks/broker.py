@@ -17,6 +17,7 @@ from dramatiq.middleware import Middleware
 from dramatiq.middleware.asyncio import AsyncIO
 
 from paycron.config import Config
+from paycron.engine.aio import use_uvloop
 from paycron.observability.sentry import init_sentry
 from paycron.observability.startup import one_line_errors, preflight, schema_pending
 from paycron.store.migrate import wait_until_current
@@ -75,9 +76,11 @@ class DrainCalls(Middleware):
             log.warning("stopping with %d groups still running: their leases return them", left)
 
 
+loop = "none"
 if config.execution == "asyncio":
     # One event loop per process runs the async actor (paycron/engine/aio.py).
+    loop = use_uvloop()
     broker.add_middleware(AsyncIO())
     broker.add_middleware(DrainCalls(timeout=config.lease_seconds))
-log.info("executor: %s (EXECUTOR=%s)", config.execution, config.executor)
+log.info("executor: %s (EXECUTOR=%s), event loop: %s", config.execution, config.executor, loop)
 dramatiq.set_broker(broker)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import uvloop
+
 from paycron.engine.aio import AsyncExecutor
 from paycron.engine.execution import Executor
 from paycron.limits.aio import AsyncCallLimiter, AsyncCircuitBreaker
@@ -15,11 +17,16 @@ from paycron.store.aio import async_redis, make_async_pool
 
 #: The executors a test that takes ``executor_kind`` runs against.
 EXECUTORS = ["threads", "asyncio"]
+#: With the loop's executor also paced by the shared call window: its
+#: breaker is then asked in the window's script (paycron/limits/aio.py).
+BREAKER_EXECUTORS = [*EXECUTORS, "asyncio-paced"]
 
 
 class LoopThread:
+    """A loop on a thread, as a worker's: uvloop's, as tasks/broker.py makes it."""
+
     def __init__(self):
-        self.loop = asyncio.new_event_loop()
+        self.loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
 

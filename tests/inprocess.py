@@ -26,7 +26,7 @@ class Engine:
     #: The breaker's clock: a test that moves it by hand needs no sleep.
     clock: Callable[[], float] = time.time
     messages: list[tuple[list[Claim], bool]] = field(default_factory=list)
-    #: ``threads`` or ``asyncio`` (tests.aio_support): the executor under test.
+    #: ``threads``, ``asyncio`` or ``asyncio-paced`` (tests.aio_support): the executor under test.
     executor_kind: str = "threads"
 
     def __post_init__(self):
@@ -42,10 +42,14 @@ class Engine:
             call_limiter=None,
         )
         self.threaded = self.executor
-        if self.executor_kind == "asyncio":
+        if self.executor_kind.startswith("asyncio"):
             from tests.aio_support import AsyncFacade
 
-            self.executor = AsyncFacade(self.threaded, self.config.gateway_url)
+            self.executor = AsyncFacade(
+                self.threaded,
+                self.config.gateway_url,
+                paced=self.executor_kind == "asyncio-paced",
+            )
         self.sweeper = Sweeper(
             settings=SweepSettings.from_config(self.config),
             pool=self.pool,

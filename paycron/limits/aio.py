@@ -1,18 +1,29 @@
 """The breaker and the shared call window for a worker's event loop
-(``EXECUTOR=asyncio``): the same Redis keys, scripts and rules as
+(``EXECUTOR=asyncio``): the same Redis keys and rules as
 :class:`~paycron.limits.breaker.CircuitBreaker` and
 :class:`~paycron.limits.pacing.CallLimiter`, over ``redis.asyncio``, so a
-threaded and an async worker share one breaker and one window."""
+threaded and an async worker share one breaker and one window.
+
+A group costs two round trips to Redis where the threaded executor's
+costs three (four after a failure): the breaker asked and the first tokens
+taken in one script (:meth:`AsyncCallLimiter.admit`), its calls counted
+and the window judged in another (:meth:`AsyncCircuitBreaker.record`)."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import redis.asyncio
 
 from paycron.config import Config
 from paycron.limits.breaker import BreakerState, CircuitBreaker
 from paycron.limits.pacing import _WINDOW
+
+_HERE = Path(__file__).parent
+_RECORD = (_HERE / "breaker_record.lua").read_text()
+#: The breaker's check, then the window's take (call_window.lua whole).
+_ADMIT = (_HERE / "breaker_gate.lua").read_text() + _WINDOW
 
 
 class AsyncCircuitBreaker:
@@ -23,6 +34,7 @@ class AsyncCircuitBreaker:
     def __init__(self, client: redis.asyncio.Redis, breaker: CircuitBreaker):
         self._redis = client
         self.sync = breaker
+        self._record = client.register_script(_RECORD)
 
     async def state(self) -> BreakerState:
         raw = await self._redis.get(self.sync._open_until)
@@ -35,30 +47,20 @@ class AsyncCircuitBreaker:
         if calls <= 0:
             return
         b = self.sync
-        second = int(b._clock())
-        window = b._config.circuit_window_seconds
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.incrby(f"{b._calls}:{second}", calls)
-        pipe.expire(f"{b._calls}:{second}", window + 5)
-        if failures:
-            pipe.incrby(f"{b._fails}:{second}", failures)
-            pipe.expire(f"{b._fails}:{second}", window + 5)
-        await pipe.execute()
-        if failures and await self._window_is_bad(second, window):
+        config = b._config
+        bad = await self._record(
+            keys=[b._calls, b._fails],
+            args=[
+                int(b._clock()),
+                config.circuit_window_seconds,
+                calls,
+                failures,
+                config.circuit_min_calls,
+                repr(float(config.circuit_failure_ratio)),
+            ],
+        )
+        if int(bad):
             await asyncio.to_thread(b.open)
-
-    async def _window_is_bad(self, second: int, window: int) -> bool:
-        b = self.sync
-        seconds = range(second - window + 1, second + 1)
-        values = await self._redis.mget(
-            [f"{b._calls}:{s}" for s in seconds] + [f"{b._fails}:{s}" for s in seconds]
-        )
-        counts = [int(v or 0) for v in values]
-        calls, fails = sum(counts[:window]), sum(counts[window:])
-        return (
-            calls >= b._config.circuit_min_calls
-            and fails >= b._config.circuit_failure_ratio * calls
-        )
 
     async def probe_finished(self, *, failed: bool) -> None:
         await asyncio.to_thread(self.sync.probe_finished, failed=failed)
@@ -70,8 +72,27 @@ class AsyncCallLimiter:
 
     def __init__(self, client: redis.asyncio.Redis, config: Config):
         self._take = client.register_script(_WINDOW)
+        self._admit = client.register_script(_ADMIT)
         self._key = f"{config.redis_namespace}:pacing:calls"
         self.limit = config.gateway_rate_limit
+
+    async def admit(self, want: int, *, breaker: AsyncCircuitBreaker, probe: bool) -> int:
+        """A group's first tokens, if the breaker lets it call: the breaker
+        asked (:meth:`AsyncCircuitBreaker.state`'s rule) and the window's
+        tokens taken in one round trip. 0 while the breaker holds calls
+        (open; half-open and this group is not the probe): no token taken,
+        the group is released. Else at least one, waiting for the window."""
+        b = breaker.sync
+        granted, wait_ms = await self._admit(
+            keys=[self._key, b._open_until],
+            args=[want, self.limit, repr(b._clock()), 1 if probe else 0],
+        )
+        if int(granted) < 0:  # -1 open, -2 half-open and not the probe
+            return 0
+        if int(granted) > 0:
+            return int(granted)
+        await asyncio.sleep(int(wait_ms) / 1000)
+        return await self.acquire_some(want)
 
     async def acquire_some(self, want: int) -> int:
         while True:

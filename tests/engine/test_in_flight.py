@@ -612,3 +612,64 @@ def test_the_loops_batches_start_as_the_window_grants_them(conn, config, scripte
     assert counts.outcomes == {"SUCCEEDED": 3}
     assert {payment(conn, pid)["status"] for pid in ids} == {"COMPLETED"}
     assert len(answered) == 3
+
+
+def test_the_loops_counts_of_held_and_admitted_are_the_sums_over_its_rooms():
+    """The loop's limit counts what is held and admitted instead of summing
+    its rooms each time: after every step of a run of groups admitted,
+    answered call by call and ended in any order, the counts are the sums
+    the threaded limit computes."""
+    import random
+
+    sums = (InFlightLimit.held.fget, InFlightLimit.admitted.fget)
+
+    async def scenario():
+        rng = random.Random(7)
+        limit = AsyncInFlightLimit(rate=1000, max_in_flight=40, initial_latency=1.0)
+        rooms: list[Room] = []
+        for _ in range(400):
+            step = rng.random()
+            if step < 0.35:
+                room = Room(rng.randint(1, 6))
+                if limit._fits(room):  # else it would wait: not this test's point
+                    await limit.acquire_async(room)
+                    rooms.append(room)
+            elif step < 0.8 and rooms:
+                limit.answered(rng.choice(rooms))  # past its size: ignored
+            elif rooms:
+                room = rooms.pop(rng.randrange(len(rooms)))
+                limit.release_now(room)
+                limit.release_now(room)  # again: a no-op
+                limit.answered(room)  # after its end: ignored
+            assert (limit.held, limit.admitted) == tuple(s(limit) for s in sums)
+        assert rooms or (limit.held, limit.admitted) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_waiters_are_woken_once_however_many_calls_are_answered_before_it():
+    """Every answered call that leaves room for a group would wake the
+    waiters: the loop has one wake on its way at a time, and the waiter
+    it wakes still gets in."""
+    from paycron.engine import inflight
+
+    async def scenario():
+        groups = _AsyncGroups()
+        limit = AsyncInFlightLimit(rate=1000, max_in_flight=60, initial_latency=1.0, floor=2)
+        dispatcher = AsyncDispatcher(executor=groups, limit=limit)
+        for name in "abc":
+            await dispatcher.submit([name] * 20)
+        held = list(limit._rooms)
+        waiting = asyncio.create_task(dispatcher.submit(["d"] * 20))
+        await asyncio.sleep(0.01)
+        assert not waiting.done() and limit._waiting == 1
+        tasks_before = len(inflight._TASKS)
+        for room in held:
+            for _ in range(10):
+                limit.answered(room)  # no await: the loop runs nothing meanwhile
+        assert len(inflight._TASKS) - tasks_before == 1
+        await asyncio.wait_for(waiting, 5)
+        assert limit.held == 30 + 20
+        groups.release.set()
+
+    asyncio.run(scenario())

@@ -28,6 +28,9 @@ from tests.support import QuietHandler, serve_on_loopback
 
 CHARGED = (201, {"Content-Type": "application/json"}, b'{"id": "ch_1", "status": "succeeded"}')
 
+#: Every case on each loop a worker may run the client on.
+pytestmark = pytest.mark.usefixtures("any_loop")
+
 
 class Processor:
     """A processor on loopback speaking HTTP/1.1 with keep-alive. ``answer``

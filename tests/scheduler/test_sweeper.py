@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from paycron.limits.breaker import BreakerState
-from tests.aio_support import EXECUTORS
+from tests.aio_support import BREAKER_EXECUTORS
 from tests.factories import bulk_insert, insert_payment
 from tests.inprocess import Engine
 from tests.rows import count
@@ -203,7 +203,7 @@ def test_claims_are_shared_across_payers_oldest_first_within_each(make_engine, c
     assert order == expected
 
 
-@pytest.mark.parametrize("executor_kind", EXECUTORS)
+@pytest.mark.parametrize("executor_kind", BREAKER_EXECUTORS)
 def test_an_open_breaker_claims_nothing_and_workers_release(make_engine, conn, gateway):
     engine = make_engine()
     rows = [insert_payment(conn) for _ in range(3)]
@@ -221,7 +221,7 @@ def test_an_open_breaker_claims_nothing_and_workers_release(make_engine, conn, g
     assert gateway.stats()["charge_requests"] == 0
 
 
-@pytest.mark.parametrize("executor_kind", EXECUTORS)
+@pytest.mark.parametrize("executor_kind", BREAKER_EXECUTORS)
 def test_half_open_probes_with_exactly_one_claim(make_engine, conn, gateway, clock):
     engines = [make_engine(circuit_open_seconds=30) for _ in range(3)]
     for _ in range(5):
@@ -241,7 +241,27 @@ def test_half_open_probes_with_exactly_one_claim(make_engine, conn, gateway, clo
     assert engines[1].sweeper.run_once().claimed == 4
 
 
-@pytest.mark.parametrize("executor_kind", EXECUTORS)
+@pytest.mark.parametrize("executor_kind", BREAKER_EXECUTORS)
+def test_half_open_a_group_that_is_not_the_probe_is_released(make_engine, conn, gateway, clock):
+    """Half-open, only the probe calls: a group claimed before the breaker
+    opened (its message late) is released uncalled; the probe's is called."""
+    engine = make_engine(circuit_open_seconds=30)
+    for _ in range(3):
+        insert_payment(conn)
+    [(claims, _)] = engine.sweep()
+    engine.breaker.open()
+    clock.advance(31)
+    assert engine.breaker.state() is BreakerState.HALF_OPEN
+    counts = engine.executor.execute(claims, probe=False)
+    assert counts.released == 3 and counts.calls == 0
+    assert gateway.stats()["charge_requests"] == 0
+    counts = engine.executor.execute(engine.sweep()[0][0], probe=True)
+    assert counts.calls == 1 and engine.breaker.state() is BreakerState.CLOSED
+    statuses = [r["status"] for r in conn.execute("SELECT status FROM payments")]
+    assert sorted(statuses) == ["COMPLETED", "PENDING", "PENDING"]
+
+
+@pytest.mark.parametrize("executor_kind", BREAKER_EXECUTORS)
 def test_a_failed_probe_reopens(make_engine, conn, gateway, clock):
     engine = make_engine(circuit_open_seconds=30)
     insert_payment(conn, amount_minor=50003)
@@ -255,7 +275,7 @@ def test_a_failed_probe_reopens(make_engine, conn, gateway, clock):
     assert engine.breaker.state() is BreakerState.OPEN
 
 
-@pytest.mark.parametrize("executor_kind", EXECUTORS)
+@pytest.mark.parametrize("executor_kind", BREAKER_EXECUTORS)
 def test_the_breaker_trips_on_retryable_failures_not_on_declines(make_engine, conn, gateway):
     engine = make_engine(circuit_min_calls=4, circuit_failure_ratio=0.5)
     for _ in range(6):
