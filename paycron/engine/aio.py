@@ -121,6 +121,8 @@ class AsyncExecutor:
         answered: Callable[[], None] | None = None,
     ) -> GroupCounts:
         counts = GroupCounts(claims=len(claims))
+        if not claims:
+            return counts  # nothing to ask the window for (it would grant 0, forever)
         if self.call_limiter is not None:
             # The breaker asked and the first tokens taken in one round trip.
             granted = await self.call_limiter.admit(len(claims), breaker=self.breaker, probe=probe)

@@ -244,6 +244,12 @@ class AsyncInFlightLimit(InFlightLimit):
         task = asyncio.get_running_loop().create_task(notify())
         _TASKS.add(task)
         task.add_done_callback(_TASKS.discard)
+        # Cancelled before it ran (the loop closing): the next change wakes
+        # again. At worst a wake too many, never one lost.
+        task.add_done_callback(self._woken)
+
+    def _woken(self, _task: asyncio.Task) -> None:
+        self._wake_pending = False
 
     async def acquire_async(self, room: Room) -> None:
         """Wait until ``room`` fits (a group larger than the limit alone), then hold it."""

@@ -614,6 +614,27 @@ def test_the_loops_batches_start_as_the_window_grants_them(conn, config, scripte
     assert len(answered) == 3
 
 
+def test_an_empty_group_on_the_paced_loop_ends_at_once(config, scripted):
+    """A group of no claims (no sweeper sends one; a hand-made message
+    could) asks nothing and ends: a window asked for 0 tokens grants 0,
+    which is also its answer when full, and waiting for more never ended."""
+    pool = make_pool(config, max_size=1, name="test-in-flight")
+    blocking = Executor(
+        config=config,
+        pool=pool,
+        gateway=CardProcessor(scripted.url, timeout=config.gateway_timeout_seconds),
+        call_limiter=None,
+        breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url), config),
+    )
+    facade = AsyncFacade(blocking, scripted.url, paced=True)
+    try:
+        counts = facade.loop.run(asyncio.wait_for(facade.inner.execute([]), 3))
+    finally:
+        facade.close()
+        pool.close()
+    assert (counts.claims, counts.calls, counts.released) == (0, 0, 0)
+
+
 def test_the_loops_counts_of_held_and_admitted_are_the_sums_over_its_rooms():
     """The loop's limit counts what is held and admitted instead of summing
     its rooms each time: after every step of a run of groups admitted,

@@ -188,5 +188,9 @@ def test_idle_workers_look_for_messages_often(config):
         consumer = broker.consume("payments", prefetch=1, timeout=1000)
         assert consumer.timeout == PROMPT_IDLE_MS
         consumer.close()
+        # Delayed messages are never sent: their consumer keeps the worker's pace.
+        delayed = broker.consume("payments.DQ", prefetch=1, timeout=1000)
+        assert delayed.timeout == 1000
+        delayed.close()
     finally:
         broker.close()
