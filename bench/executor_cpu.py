@@ -11,10 +11,12 @@ Dramatiq and the sweeper are left out: this is the executor's own cost,
 the part the two designs differ in. Rounds alternate the executors, each
 on a fresh database, so load drifts hit both; the machine's load is
 printed with each figure. ``--profile asyncio`` (or ``threads``) prints
-cProfile's top functions of that executor's last round.
+cProfile's top functions of that executor's last round. ``asyncio`` runs
+on the loop the workers run (uvloop's where installed, tasks/broker.py);
+``asyncio-std`` on asyncio's own, to compare the two.
 
     python -m bench.executor_cpu [--payments 3000] [--latency-ms 300] [--rounds 2]
-        [--executors threads,asyncio] [--profile asyncio]
+        [--executors threads,asyncio,asyncio-std] [--profile asyncio]
 """
 
 from __future__ import annotations
@@ -168,9 +170,12 @@ def run_asyncio(
         return runner.run(main())
 
 
-def run_uvloop(config: Config, groups: list, profiler: cProfile.Profile | None) -> float:
-    import uvloop
-
+def run_worker_loop(config: Config, groups: list, profiler: cProfile.Profile | None) -> float:
+    """On the loop a worker runs: uvloop's where installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return run_asyncio(config, groups, profiler)
     return run_asyncio(config, groups, profiler, loop_factory=uvloop.new_event_loop)
 
 
@@ -182,7 +187,7 @@ def run_queue_seconds() -> float:
         return 0.0
 
 
-RUNNERS = {"threads": run_threads, "asyncio": run_asyncio, "uvloop": run_uvloop}
+RUNNERS = {"threads": run_threads, "asyncio": run_worker_loop, "asyncio-std": run_asyncio}
 
 
 def measure(executor: str, n: int, gateway_url: str, profile: bool) -> dict:
@@ -193,7 +198,7 @@ def measure(executor: str, n: int, gateway_url: str, profile: bool) -> dict:
             redis_namespace=f"bench-executor-{os.getpid()}-{executor}",
             gateway_url=gateway_url,
             gateway_rate_limit=UNCAPPED_RATE_LIMIT,
-            executor="asyncio" if executor == "uvloop" else executor,
+            executor="asyncio" if executor == "asyncio-std" else executor,
         )
         groups = claimed_groups(config, n)
         profiler = cProfile.Profile(time.thread_time) if profile else None
