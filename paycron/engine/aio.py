@@ -54,7 +54,7 @@ def use_uvloop() -> str:
     (libuv's loop: its sockets, timers and callbacks in C), where it is
     installed; the loop's name, for the worker's start line. A worker's
     executor costs a tenth less CPU per payment on it (``python -m
-    bench.executor_cpu --executors asyncio,uvloop``, docs/performance.md).
+    bench.executor_cpu --executors asyncio,asyncio-std``, docs/performance.md).
     Dramatiq makes the worker's loop itself, so the choice is the policy's."""
     try:
         import uvloop
