@@ -198,10 +198,10 @@ class AsyncInFlightLimit(InFlightLimit):
     What is held and admitted is counted as rooms come, answer and go, not
     summed over every room: the loop asks after every answered call while
     groups wait, and those sums, with a task to wake the waiters after each
-    such call, were 6.6% of a busy loop's samples. Nothing interrupts the loop between two statements (a task is
-    cancelled only at an await), so the counts cannot drift; the threaded
-    limit keeps its sums, which no exception raised into a thread can
-    skew. Waking the waiters is one task at a time, however many calls are
+    such call, were 6.6% of a busy loop's samples. Nothing interrupts the
+    loop between two statements (a task is cancelled only at an await), so
+    the counts cannot drift; the threaded limit keeps its sums, which no
+    exception raised into a thread can skew. Waking the waiters is one task at a time, however many calls are
     answered before it runs: it wakes them all."""
 
     def __init__(self, **kwargs):
