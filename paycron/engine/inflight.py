@@ -201,8 +201,9 @@ class AsyncInFlightLimit(InFlightLimit):
     such call, were 6.6% of a busy loop's samples. Nothing interrupts the
     loop between two statements (a task is cancelled only at an await), so
     the counts cannot drift; the threaded limit keeps its sums, which no
-    exception raised into a thread can skew. Waking the waiters is one task at a time, however many calls are
-    answered before it runs: it wakes them all."""
+    exception raised into a thread can skew. Waking the waiters is one
+    task at a time, however many calls are answered before it runs: it
+    wakes them all."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
