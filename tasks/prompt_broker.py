@@ -19,8 +19,8 @@ class PromptRedisBroker(RedisBroker):
     Only a queue's own consumer: the one Dramatiq adds for its delayed
     messages keeps the worker's timeout. paycron never delays a message
     (the schedule is Postgres's, its actor is never retried), and that
-    consumer polling 20 times a second cost a busy worker process a tenth
-    of its CPU."""
+    consumer polling 20 times a second cost a busy worker process 4% of
+    its CPU (and an idle engine 33 ms of CPU a second)."""
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000):
         if queue_name == dq_name(queue_name):
