@@ -1,7 +1,7 @@
-"""Fair claiming across payers (docs/design.md, issue 13): small payers beside one
+"""Fair claiming across payers (docs/design.md): small payers beside one
 payer's big backlog, everything due in the same second.
 
-    python -m bench.fairness                 # both cases of the issue
+    python -m bench.fairness                 # both cases
     python -m bench.fairness --case small    # 1,500 + 15 at 100/s only
 
 Case "small": one payer's 1,500 payments and another's 15, ceiling 100/s

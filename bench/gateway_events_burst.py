@@ -1,4 +1,4 @@
-"""A burst of Stripe's signed events (issue 12): the web answers each in
+"""A burst of Stripe's signed events: the web answers each in
 milliseconds, and the scheduler's gateway-event service drains them paced by
 the shared per-second call window.
 

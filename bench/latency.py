@@ -1,4 +1,4 @@
-"""Spikes at a real processor's latency (issue 10, docs/design.md).
+"""Spikes at a real processor's latency (docs/design.md).
 
 N payments due in the same second; the fake gateway answers after a
 lognormal latency around the given median (p99 = 2 x median) and refuses
@@ -7,7 +7,7 @@ ships it, with only GATEWAY_RATE_LIMIT set. Prints first-attempt lateness
 against the bound 1.1 x N / ceiling + 5 s, the drain, calls in flight, CPU
 per payment, lease expirations and charges per key.
 
-    python -m bench.latency                     # both spikes of the issue
+    python -m bench.latency                     # both spikes
     python -m bench.latency --payments 3000 --ceiling 500 --latency-ms 300
 """
 
@@ -33,7 +33,7 @@ from devtools.factories import bulk_insert
 from paycron.store.db import connect
 from paycron.store.stats import lateness
 
-#: The issue's two spikes: (payments, ceiling per second, median latency ms).
+#: The two spikes: (payments, ceiling per second, median latency ms).
 SPIKES = ((3000, 500, 300), (2000, 200, 1000))
 
 

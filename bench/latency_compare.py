@@ -1,5 +1,5 @@
 """The uncapped rate at a real processor's latency: paycron beside pgqueuer
-used asynchronously, same gateway settings, same run (issue 10, docs/design.md).
+used asynchronously, same gateway settings, same run (docs/performance.md).
 
 N payments due now; the fake gateway answers after a lognormal latency
 around the median (bench.latency's shape: p99 twice the median) with no
@@ -10,7 +10,7 @@ pgqueuer runs as its users would write it at this latency: one process, an
 (``POST /v1/charges``, ``Idempotency-Key`` = payment id, a connector as
 wide as the tasks) and the two writes of bench.pgqueuer_compare (the
 SUCCEEDED attempt row and the payment's CAS, one statement) on the asyncpg
-pool pgqueuer itself runs on, ``max_concurrent_tasks=200``.
+pool pgqueuer itself runs on, ``max_concurrent_tasks`` = ``--pgq-max-tasks``.
 
 Each side first drains ``--warmup`` payments, untimed, so both start with
 their connections made (paycron's workers build their pools on the first
@@ -24,6 +24,12 @@ worker) and of their Postgres backends, the fake gateway's apart. Each
 phase waits for the machine's 1-minute load to fall to ``--max-load``.
 Target: paycron >= 1.3 x pgqueuer with the same in-flight bound (``--pgq-max-tasks 512``:
 2 worker processes x GATEWAY_MAX_IN_FLIGHT) at 300 ms, >= 2 x at ``--latency-ms 0``.
+
+At a latency, the in-flight bound caps both: with 512 calls at once, each
+lasting the fake's latency and nothing else, the next started the moment
+one ends, 6,000 payments take at least the time :func:`bound_rate`
+simulates (1,490/s at 300 ms: Little's law, and the last calls' tail). Each
+rate is also printed as a share of that bound, which no engine passes.
 
     python -m bench.latency_compare [--payments 6000] [--latency-ms 300]
         [--warmup 200] [--pgq-max-tasks 512] [--pgq-batch 10] [--rounds 1]
@@ -40,6 +46,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import heapq
+import random
 import statistics
 import time
 import uuid
@@ -62,6 +70,7 @@ from bench.harness import (
 from bench.latency import latency_faults
 from bench.pgqueuer_compare import ATTEMPT_AND_CAS, ENTRYPOINT, asyncpg_params, run_pgqueuer
 from devtools.factories import bulk_insert
+from gateway.fake.dice import lognormal_ms
 from paycron.config import Config
 from paycron.store.db import connect
 
@@ -74,6 +83,26 @@ ATTEMPT_AND_CAS_ASYNCPG = (
     .replace("%(ref)s", "$3::text")
     .replace("%(worker)s", "$4::text")
 )
+
+
+def bound_rate(n: int, in_flight: int, median_ms: int, *, draws: int = 5) -> float:
+    """The most payments per second due -> terminal that any engine keeping at
+    most ``in_flight`` calls at once can reach against this fake processor:
+    ``n`` calls, each lasting one draw of the fake's latency and nothing else,
+    each started the moment a place is free (Little's law, with the last
+    calls' tail); the median of ``draws`` seeded runs."""
+    spans = []
+    for seed in range(draws):
+        rng = random.Random(seed)
+        free = [0.0] * in_flight
+        last = 0.0
+        for _ in range(n):
+            start = heapq.heappop(free)
+            end = start + lognormal_ms(rng, median_ms, 2 * median_ms, 5 * median_ms) / 1000
+            heapq.heappush(free, end)
+            last = max(last, end)
+        spans.append(last)
+    return n / statistics.median(spans)
 
 
 # --------------------------------------------------------------------------
@@ -245,10 +274,13 @@ def run_pgqueuer_async(
     )
 
 
-def report(name: str, r: dict, n: int, load: float, detail: str) -> None:
+def report(
+    name: str, r: dict, n: int, load: float, detail: str, bound: float | None = None
+) -> None:
+    share = f" ({r['per_second'] / bound:.0%} of the bound)" if bound else ""
     print(
         f"  {name:<16}: {r['per_second']:5.0f} payments/s due -> all terminal "
-        f"({r['seconds']:.1f} s), {r['sustained']:5.0f}/s first -> last outcome; "
+        f"({r['seconds']:.1f} s){share}, {r['sustained']:5.0f}/s first -> last outcome; "
         f"load {load:.2f} at start"
     )
     print(
@@ -327,6 +359,14 @@ def main() -> None:
         f"  pgqueuer: {version('pgqueuer')}, async job (aiohttp {version('aiohttp')} + "
         f"asyncpg pool), {args.pgq_max_tasks} tasks, batch {args.pgq_batch}, one process"
     )
+    # Only a latency bounds the rate; at an instant processor the machine does.
+    bound = bound_rate(n, args.pgq_max_tasks, median) if median else None
+    if bound:
+        print(
+            f"  the bound: {args.pgq_max_tasks} calls at once, each the fake's latency and "
+            f"nothing else, the next started the moment one ends: {bound:.0f} payments/s "
+            f"due -> terminal (no engine with that in-flight bound passes it)"
+        )
     executors = [e.strip() for e in args.executors.split(",") if e.strip()]
     rates: dict[str, list[float]] = {"pgqueuer": [], **{e: [] for e in executors}}
     cpu: dict[str, list[float]] = {"pgqueuer": [], **{e: [] for e in executors}}
@@ -353,6 +393,7 @@ def main() -> None:
                 f"calls at the processor at once max {engine['calls_at_once']}; attempts "
                 f"open max {flight['max']}, mean {flight['mean']:.0f}; lease "
                 f"expirations {engine['lease_expired']}",
+                bound,
             )
             engines[executor] = engine
             rates[executor].append(engine["per_second"])
@@ -369,6 +410,7 @@ def main() -> None:
             load,
             f"calls at the processor at once max {pgq['calls_at_once']}; "
             f"enqueue {pgq['enqueue_seconds']:.2f} s, untimed",
+            bound,
         )
         rates["pgqueuer"].append(pgq["per_second"])
         cpu["pgqueuer"].append(1000 * pgq["cpu"] / n)
@@ -385,9 +427,11 @@ def main() -> None:
     if args.rounds > 1:
         print(f"median of {args.rounds} rounds:")
         for name in rates:
+            rate = statistics.median(rates[name])
+            share = f" ({rate / bound:.0%} of the bound)" if bound else ""
             print(
-                f"  {name:<16}: {statistics.median(rates[name]):5.0f} payments/s due -> "
-                f"terminal, engine CPU {statistics.median(cpu[name]):.2f} ms per payment"
+                f"  {name:<16}: {rate:5.0f} payments/s due -> terminal{share}, "
+                f"engine CPU {statistics.median(cpu[name]):.2f} ms per payment"
             )
 
 

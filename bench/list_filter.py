@@ -1,5 +1,5 @@
 """A filtered list costs about what an unfiltered one does (docs/api.md: bounded
-reads, issue 13): one payer's long history, a status that is rare in it.
+reads): one payer's long history, a status that is rare in it.
 
     python -m bench.list_filter                  # 20,000 payments, 1 in 500 CANCELLED
     python -m bench.list_filter --payments 3000 --requests 100

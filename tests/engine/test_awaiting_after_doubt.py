@@ -1,5 +1,5 @@
 """A bank debit still processing for a payment parked in doubt is followed
-to its end (issue 20, row 6).
+to its end (docs/money-safety.md).
 
 Neither a refund nor reconciliation may dismiss or defer it forever: either
 finds the processor still processing the payment's intent, moves the

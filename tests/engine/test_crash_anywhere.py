@@ -455,9 +455,10 @@ def test_a_crash_at_any_boundary_keeps_the_money_invariants(env, capsys):
 @pytest.mark.parametrize(
     "paths",
     [
-        # Before issue 20's rows 3 and 7 were fixed, the worker's crash loop
-        # parked payments in doubt without a lookup (row 3) or never sent
-        # (row 7), and the sweeper's parked claims never started (row 7).
+        # Before parking counted only expiries with a call in flight
+        # (docs/money-safety.md), the worker's crash loop parked payments in
+        # doubt without a lookup or never sent, and the sweeper's parked
+        # claims never started.
         pytest.param({"start", "finish"}, id="worker-crash-loop"),
         pytest.param({"claim"}, id="sweeper-crash-loop"),
         pytest.param({"release", "reap", "lookup"}, id="reaper-and-console-crash-loop"),

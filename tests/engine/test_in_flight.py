@@ -1,4 +1,4 @@
-"""Execution at a real processor's latency (docs/design.md, issue 10): calls of a
+"""Execution at a real processor's latency (docs/design.md): calls of a
 batch side by side, the in-flight bound from Little's law, the lease checked
 just before each call, and 409 "key in use" costing no budget. Against a
 scripted gateway over real HTTP and the real Postgres."""

@@ -1,4 +1,4 @@
-"""A payment is only ever asked about at its own processor (issue 20, row 1).
+"""A payment is only ever asked about at its own processor (docs/money-safety.md).
 
 A process configured for one processor (``GATEWAY=fake``, the default) must
 not take the other processor's silence for an answer about a payment first

@@ -32,10 +32,10 @@ Postgres returns its started rows in). Each sequence's sweepers start with
 a full claim bucket, which no sequence empties.
 
 After every step the money invariants of tests/money_invariants.py must
-hold. The holes of issue 20's table (rows 1 to 7) each have a directed case
-that turns on what reaches them; each found its hole on the code before the
-fixes (as an ``xfail(strict=True, raises=<its invariant>)`` until they
-merged) and must pass now. The ``whole machine`` case turns everything on.
+hold. The holes docs/money-safety.md closes each have a directed case
+(``row 1`` to ``row 7``) that turns on what reaches them; each found its
+hole on the code before the fixes (as an ``xfail(strict=True,
+raises=<its invariant>)`` until they merged) and must pass now. The ``whole machine`` case turns everything on.
 
 ``PAYCRON_MODEL_EXAMPLES`` multiplies the examples (default 1: about a
 minute for every case together in CI); ``PAYCRON_MODEL_SEED`` picks another
@@ -139,11 +139,11 @@ class Scenario:
     name: str
     #: Re-drives and refunds from a console configured for the other processor
     #: than the payment's, event services and reconciliation from either
-    #: (issue row 1).
+    #: (row 1).
     cross_processor: bool = False
     #: The broker takes a message but its reply is lost (the sweeper releases
     #: what a worker may already hold), and a duplicated message meets an
-    #: open breaker (issue row 2).
+    #: open breaker (row 2).
     ambiguous_hand_backs: bool = False
     #: The reaper parks at this many lease expiries (rows 3 and 7); the
     #: whole-machine case never reaches it.

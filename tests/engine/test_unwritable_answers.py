@@ -1,4 +1,4 @@
-"""One absurd answer never loses its group (issue 20, row 5).
+"""One absurd answer never loses its group (docs/money-safety.md).
 
 A processor-side id longer than the 255 characters the schema allows
 violates a CHECK (an IntegrityError, not a DataError), a NUL byte is a

@@ -1,4 +1,4 @@
-"""Each process reports to Sentry under its own name (docs/operations.md; issue 9), and
+"""Each process reports to Sentry under its own name (docs/operations.md), and
 none of them sends a payer, payee, customer or payment method (docs/design.md).
 
 Every process is started as the Procfile starts it, with ``SENTRY_DSN``

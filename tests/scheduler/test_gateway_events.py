@@ -1,4 +1,4 @@
-"""Outcomes that arrive days later (issue 12): AWAITING_GATEWAY, Stripe's
+"""Outcomes that arrive days later: AWAITING_GATEWAY, Stripe's
 signed events received by the web, and the scheduler's gateway-event service
 that applies them or polls — against the fake gateway's Stripe surface
 through the official SDK, the stub's ledger and events as the truth."""

@@ -1,4 +1,4 @@
-"""Parking after repeated lease expiries (issue 20, rows 3 and 7).
+"""Parking after repeated lease expiries (docs/money-safety.md).
 
 Only an expiry whose call was in flight counts toward ``MAX_LEASE_EXPIRIES``
 (a claim that never got its attempt row made no call: a lost message or a

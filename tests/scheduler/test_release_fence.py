@@ -1,4 +1,4 @@
-"""A release never undoes a claim a worker already started (issue 20, row 2).
+"""A release never undoes a claim a worker already started (docs/money-safety.md).
 
 The sweeper hands claims back when the broker raises although the message
 may have been delivered (a lost reply), and a duplicated message that meets

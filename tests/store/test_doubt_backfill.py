@@ -1,4 +1,4 @@
-"""The migration for rows already in doubt (issue 20): payments parked or
+"""The migration for rows already in doubt: payments parked or
 waiting in doubt from before the in-flight bound was recorded get a bound,
 the time their doubt began, and the processor that saw their calls. Applied
 to a database migrated to the step before it, on real Postgres."""
