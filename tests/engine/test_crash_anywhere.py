@@ -455,9 +455,10 @@ def test_a_crash_at_any_boundary_keeps_the_money_invariants(env, capsys):
 @pytest.mark.parametrize(
     "paths",
     [
-        # Before parking counted only expiries with a call in flight
-        # (docs/money-safety.md), the worker's crash loop parked payments in
-        # doubt without a lookup or never sent, and the sweeper's parked
+        # Before parking looked a payment up first and counted only expiries
+        # with a call in flight (docs/money-safety.md, "Parking after
+        # repeated lease expiries"), the worker's crash loop parked payments
+        # in doubt without a lookup or never sent, and the sweeper's parked
         # claims never started.
         pytest.param({"start", "finish"}, id="worker-crash-loop"),
         pytest.param({"claim"}, id="sweeper-crash-loop"),

@@ -33,9 +33,20 @@ a full claim bucket, which no sequence empties.
 
 After every step the money invariants of tests/money_invariants.py must
 hold. The holes docs/money-safety.md closes each have a directed case
-(``row 1`` to ``row 7``) that turns on what reaches them; each found its
-hole on the code before the fixes (as an ``xfail(strict=True,
-raises=<its invariant>)`` until they merged) and must pass now. The ``whole machine`` case turns everything on.
+that turns on what reaches them, named by row:
+
+- row 1: "A payment is asked about only at its own processor";
+- row 2: "A release never hands back a started claim";
+- rows 3 and 7: "Parking after repeated lease expiries" (3: the payment
+  is looked up before it parks; 7: only an expiry with a call in flight
+  counts, a claim never started goes back uncounted);
+- row 4: "A doubt without a bound is never conclusive";
+- row 5: "One absurd answer never loses its group";
+- row 6: "A debit still processing is waited for, not dismissed".
+
+Each found its hole on the code before the fixes (as an
+``xfail(strict=True, raises=<its invariant>)`` until they merged) and must
+pass now. The ``whole machine`` case turns everything on.
 
 ``PAYCRON_MODEL_EXAMPLES`` multiplies the examples (default 1: about a
 minute for every case together in CI); ``PAYCRON_MODEL_SEED`` picks another

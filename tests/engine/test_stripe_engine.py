@@ -1,6 +1,6 @@
 """The engine charging through Stripe: the official SDK against the fake
 gateway's Stripe-shaped surface, the stub's ledger as the oracle (each of
-its faults)."""
+the fake's faults)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The migration for rows already in doubt: payments parked or
-waiting in doubt from before the in-flight bound was recorded get a bound,
-the time their doubt began, and the processor that saw their calls. Applied
-to a database migrated to the step before it, on real Postgres."""
+"""The migration for rows already in doubt (docs/money-safety.md, "A doubt
+without a bound is never conclusive"): payments parked or waiting in doubt
+from before the in-flight bound was recorded get a bound, the time their
+doubt began, and the processor that saw their calls. Applied to a database
+migrated to the step before it, on real Postgres."""
 
 from __future__ import annotations
 
