@@ -72,6 +72,15 @@ class AsyncCharger(Protocol):
     ) -> CallResult: ...
 
 
+class CallPlaces(Protocol):
+    """The places of a process's calls out at the processor (the loop's
+    in-flight limit): one taken before each call, given back when it is answered."""
+
+    async def take_place(self) -> None: ...
+
+    def give_place(self) -> None: ...
+
+
 class AsyncExecutor:
     """Runs groups of claims on the loop. One per worker process.
 
@@ -119,6 +128,7 @@ class AsyncExecutor:
         *,
         probe: bool = False,
         answered: Callable[[], None] | None = None,
+        places: CallPlaces | None = None,
     ) -> GroupCounts:
         counts = GroupCounts(claims=len(claims))
         if not claims:
@@ -134,7 +144,7 @@ class AsyncExecutor:
             counts.released = await self._on_thread(transitions.release, self.blocking.pool, claims)
             metrics.BREAKER_RELEASES.inc(counts.released)
             return counts
-        done = await self._execute_batches(claims, granted, counts, answered)
+        done = await self._execute_batches(claims, granted, counts, answered, places)
         failures = sum(1 for d in done if d.result.breaker_failure)
         if probe and counts.calls:
             await self.breaker.probe_finished(failed=failures > 0)
@@ -147,6 +157,7 @@ class AsyncExecutor:
         granted: int,
         counts: GroupCounts,
         answered: Callable[[], None] | None,
+        places: CallPlaces | None = None,
     ) -> list[Finished]:
         """Tokens first, then the lease (as the threaded executor), batch by
         batch as the shared window grants them (``granted``: the first
@@ -167,8 +178,11 @@ class AsyncExecutor:
                 batch, remaining = remaining[:granted], remaining[granted:]
                 granted = 0
                 if not remaining and not running:
-                    return await self._execute_batch(batch, counts, answered)  # all granted at once
-                running.append(asyncio.ensure_future(self._execute_batch(batch, counts, answered)))
+                    # all granted at once
+                    return await self._execute_batch(batch, counts, answered, places)
+                running.append(
+                    asyncio.ensure_future(self._execute_batch(batch, counts, answered, places))
+                )
         finally:
             # Whatever happens while tokens are awaited, the batches started
             # end (answered, written) before the group does: its room and the
@@ -186,6 +200,7 @@ class AsyncExecutor:
         batch: Sequence[Claim],
         counts: GroupCounts,
         answered: Callable[[], None] | None = None,
+        places: CallPlaces | None = None,
     ) -> list[Finished]:
         config = self.config
         # Read before the lease is renewed, so the lease ends no earlier.
@@ -201,10 +216,12 @@ class AsyncExecutor:
             for _ in range(len(batch) - len(rows)):
                 answered()
         if len(rows) == 1:
-            done = [await self._call(rows[0], lease_end, answered)]
+            done = [await self._call(rows[0], lease_end, answered, places)]
         else:
             done = list(
-                await asyncio.gather(*(self._call(row, lease_end, answered) for row in rows))
+                await asyncio.gather(
+                    *(self._call(row, lease_end, answered, places) for row in rows)
+                )
             )
         counts.calls += sum(1 for d in done if d.result.outcome is not Outcome.NOT_SENT)
         for i, item in enumerate(done):
@@ -225,10 +242,23 @@ class AsyncExecutor:
         return decide_by_lookup(self.blocking.gateway, item, now=self.blocking.db_clock.now())
 
     async def _call(
-        self, row: dict, lease_end: float, answered: Callable[[], None] | None = None
+        self,
+        row: dict,
+        lease_end: float,
+        answered: Callable[[], None] | None = None,
+        places: CallPlaces | None = None,
     ) -> Finished:
+        """One claim's call, made in a place of the process's (``places``):
+        its attempt is written, and it waits here for a call to be answered
+        when they are all taken; the lease is checked once it has one."""
         try:
-            return await self._call_one(row, lease_end)
+            if places is None:
+                return await self._call_one(row, lease_end)
+            await places.take_place()
+            try:
+                return await self._call_one(row, lease_end)
+            finally:
+                places.give_place()
         finally:
             if answered is not None:
                 answered()

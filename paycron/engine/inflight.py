@@ -19,6 +19,7 @@ any crash (Dramatiq redelivery is never relied on, docs/design.md).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import math
@@ -211,6 +212,57 @@ class AsyncInFlightLimit(InFlightLimit):
         self._held = 0
         self._admitted = 0
         self._wake_pending = False
+        #: Calls out at the processor now (each took a place), and the calls
+        #: waiting for a place, first come first served.
+        self._calling = 0
+        self._place_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def _fits(self, room: Room) -> bool:
+        """As the threaded limit's, but a group may be let in while up to
+        ``floor`` (one group) of the places it needs are still taken: its
+        calls each wait for a place (:meth:`take_place`), so what is out at
+        the processor never exceeds the size, and a place that frees is
+        taken at once by a call whose group is ready (its tokens taken, its
+        attempts written) instead of idling until a whole group fits."""
+        if not self._rooms:
+            return True
+        return (
+            self.held + room.size <= self.size + self.floor
+            and self.admitted + room.size <= ADMITTED_CEILING * self.max_in_flight
+        )
+
+    @property
+    def calling(self) -> int:
+        """Calls out at the processor now."""
+        return self._calling
+
+    async def take_place(self) -> None:
+        """Wait for a place for one call (first come, first served) and take it."""
+        if self._calling < self.size and not self._place_waiters:
+            self._calling += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._place_waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give_place()  # handed a place as it was cancelled: pass it on
+            else:
+                self._place_waiters.remove(waiter)
+            raise
+
+    def give_place(self) -> None:
+        """One call's place back: the next waiting call takes it."""
+        self._calling -= 1
+        self._pass_places()
+
+    def _pass_places(self) -> None:
+        while self._place_waiters and self._calling < self.size:
+            waiter = self._place_waiters.popleft()
+            if not waiter.done():
+                self._calling += 1
+                waiter.set_result(None)
 
     @property
     def held(self) -> int:
@@ -229,8 +281,10 @@ class AsyncInFlightLimit(InFlightLimit):
     def observe(self, seconds: float) -> None:
         before = self.size
         self.latency += EWMA_ALPHA * (seconds - self.latency)
-        if self._waiting and self.size > before:
-            self._wake()
+        if self.size > before:
+            self._pass_places()
+            if self._waiting:
+                self._wake()
 
     def _wake(self) -> None:
         if self._wake_pending:
@@ -274,7 +328,7 @@ class AsyncInFlightLimit(InFlightLimit):
             self._held -= 1
             # Woken when a whole group fits (a smaller one is let in by the
             # next release): not after every call, for nothing.
-            if self._waiting and self.size - self._held >= self.floor:
+            if self._waiting and self._held <= self.size:
                 self._wake()
 
     def release_now(self, room: Room) -> None:
@@ -330,7 +384,10 @@ class AsyncDispatcher:
     async def _run(self, claims: Sequence[Claim], probe: bool, room: Room) -> None:
         try:
             await self.executor.execute(
-                claims, probe=probe, answered=functools.partial(self.limit.answered, room)
+                claims,
+                probe=probe,
+                answered=functools.partial(self.limit.answered, room),
+                places=self.limit,
             )
         except Exception as exc:  # the rows stay leased; the reaper returns them
             self._failures.failed(exc)

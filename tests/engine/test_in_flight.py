@@ -456,7 +456,7 @@ class _AsyncGroups:
         self.fail, self.ran, self.release = fail, [], asyncio.Event()
         self.answer = answer
 
-    async def execute(self, claims, *, probe=False, answered=None):
+    async def execute(self, claims, *, probe=False, answered=None, places=None):
         for _ in range(min(self.answer, len(claims))):
             answered()
         await self.release.wait()
@@ -466,24 +466,26 @@ class _AsyncGroups:
 
 
 def test_the_async_dispatcher_keeps_the_in_flight_bound():
-    """Admitted groups hold their room until they finish; one that does not
-    fit waits (back pressure) and is let in when room opens."""
+    """Admitted groups hold their room until they finish; past the size by
+    more than one group's places (``floor``: its calls would wait for
+    places), one waits (back pressure) and is let in when room opens."""
 
     async def scenario():
         groups = _AsyncGroups()
-        limit = AsyncInFlightLimit(rate=5, max_in_flight=5, initial_latency=1.0)
+        limit = AsyncInFlightLimit(rate=5, max_in_flight=5, initial_latency=1.0, floor=1)
         dispatcher = AsyncDispatcher(executor=groups, limit=limit)
         await dispatcher.submit(["a", "b", "c"])
         await dispatcher.submit(["d", "e"])
-        assert limit.held == 5 and groups.ran == []  # admitted, running
-        third = asyncio.create_task(dispatcher.submit(["f"]))
+        await dispatcher.submit(["f"])  # its call would wait for a place
+        assert limit.held == 6 and groups.ran == []  # admitted, running
+        fourth = asyncio.create_task(dispatcher.submit(["g"]))
         await asyncio.sleep(0.05)
-        assert not third.done() and limit.held == 5  # full: it waits
+        assert not fourth.done() and limit.held == 6  # full: it waits
         groups.release.set()
-        await asyncio.wait_for(third, 5)
+        await asyncio.wait_for(fourth, 5)
         while limit.held:
             await asyncio.sleep(0.01)
-        assert sorted(groups.ran) == [1, 2, 3]
+        assert sorted(groups.ran) == [1, 1, 2, 3]
 
     asyncio.run(scenario())
 
@@ -497,16 +499,17 @@ def test_an_async_submit_cancelled_while_it_waits_holds_nothing():
         limit = AsyncInFlightLimit(rate=2, max_in_flight=2, initial_latency=1.0)
         dispatcher = AsyncDispatcher(executor=groups, limit=limit)
         await dispatcher.submit(["a", "b"])
-        waiting = asyncio.create_task(dispatcher.submit(["c"]))
+        await dispatcher.submit(["c"])  # one group's places past the size (floor 1)
+        waiting = asyncio.create_task(dispatcher.submit(["d"]))
         await asyncio.sleep(0.05)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        assert limit.held == 2 and limit._waiting == 0
+        assert limit.held == 3 and limit._waiting == 0
         groups.release.set()
         while limit.held:
             await asyncio.sleep(0.01)
-        assert groups.ran == [2]
+        assert sorted(groups.ran) == [1, 2]
 
     asyncio.run(scenario())
 
@@ -516,13 +519,13 @@ def test_the_async_limit_lets_a_waiter_in_when_the_size_grows():
         limit = AsyncInFlightLimit(rate=10, max_in_flight=100, initial_latency=0.2)  # size 3
         dispatcher = AsyncDispatcher(executor=_AsyncGroups(), limit=limit)
         await dispatcher.submit(["a", "b", "c"])
-        waiting = asyncio.create_task(dispatcher.submit(["d"]))
+        waiting = asyncio.create_task(dispatcher.submit(["d", "e"]))  # 5 > 3 + floor 1
         await asyncio.sleep(0.05)
         assert not waiting.done()
         for _ in range(20):
             limit.observe(2.0)  # the processor slowed down: more in flight
         await asyncio.wait_for(waiting, 5)
-        assert limit.held == 4
+        assert limit.held == 5
 
     asyncio.run(scenario())
 
@@ -542,14 +545,14 @@ def test_an_answered_call_gives_its_place_to_another_groups_call():
         await dispatcher.submit(["d", "e", "f"])  # fits beside the one call in flight
         await asyncio.sleep(0.01)
         assert (limit.held, limit.admitted) == (2, 6)
-        waiting = asyncio.create_task(dispatcher.submit(["g", "h", "i", "j"]))
+        waiting = asyncio.create_task(dispatcher.submit(["g", "h", "i", "j", "k"]))
         await asyncio.sleep(0.05)
-        assert not waiting.done()  # 2 in flight + 4 > 5: it waits
+        assert not waiting.done()  # 2 in flight + 5 > 5 + floor 1: it waits
         groups.release.set()
         await asyncio.wait_for(waiting, 5)
         while limit.admitted:
             await asyncio.sleep(0.01)
-        assert sorted(groups.ran) == [3, 3, 4]
+        assert sorted(groups.ran) == [3, 3, 5]
 
     asyncio.run(scenario())
 
@@ -692,5 +695,86 @@ def test_waiters_are_woken_once_however_many_calls_are_answered_before_it():
         await asyncio.wait_for(waiting, 5)
         assert limit.held == 30 + 20
         groups.release.set()
+
+    asyncio.run(scenario())
+
+
+def test_a_group_waits_for_places_call_by_call_and_the_processor_never_sees_more(
+    conn, config, scripted
+):
+    """The loop lets a group in while up to one group's places are still
+    taken; its calls, attempts written, each wait for a place. So the places
+    are all used (groups of 3 in 4 places: 4 at once, where whole groups
+    alone would keep 3) and never more than the size at the processor."""
+    lock = threading.Lock()
+    now = {"at_once": 0, "most": 0}
+
+    def slow(_body):
+        with lock:
+            now["at_once"] += 1
+            now["most"] = max(now["most"], now["at_once"])
+        time.sleep(0.2)
+        with lock:
+            now["at_once"] -= 1
+        return OK
+
+    scripted.answers[2500] = slow
+    ids = [insert_payment(conn)["id"] for _ in range(9)]
+    claims = claim_due(conn, limit=9, lease_seconds=30)
+    pool = make_pool(config, max_size=2, name="test-in-flight")
+    blocking = Executor(
+        config=config,
+        pool=pool,
+        gateway=CardProcessor(scripted.url, timeout=config.gateway_timeout_seconds),
+        call_limiter=None,
+        breaker=CircuitBreaker(redis.Redis.from_url(config.redis_url), config),
+    )
+    facade = AsyncFacade(blocking, scripted.url)
+    limit_seen = {}
+
+    async def scenario():
+        limit = AsyncInFlightLimit(rate=1000, max_in_flight=4, initial_latency=1.0, floor=3)
+        dispatcher = AsyncDispatcher(executor=facade.inner, limit=limit)
+        for i in range(0, 9, 3):
+            await dispatcher.submit(claims[i : i + 3])
+            limit_seen.setdefault("held", []).append(limit.held)
+        assert await dispatcher.drain(10) == 0
+        limit_seen["end"] = (limit.held, limit.admitted, limit.calling)
+
+    try:
+        facade.loop.run(scenario())
+    finally:
+        facade.close()
+        pool.close()
+    assert now["most"] == 4
+    assert limit_seen["held"][:2] == [3, 6]  # the second group let in beside the first
+    assert limit_seen["end"] == (0, 0, 0)
+    assert {payment(conn, pid)["status"] for pid in ids} == {"COMPLETED"}
+
+
+def test_a_call_cancelled_while_it_waits_for_a_place_takes_none_and_loses_none():
+    """A call cancelled (its group's task, at shutdown) while it waits for a
+    place holds none; one cancelled just as a place was handed to it passes
+    that place on, so no place is lost and none is counted twice."""
+
+    async def scenario():
+        limit = AsyncInFlightLimit(rate=1000, max_in_flight=1, initial_latency=1.0)
+        await limit.take_place()
+        first = asyncio.create_task(limit.take_place())
+        second = asyncio.create_task(limit.take_place())
+        third = asyncio.create_task(limit.take_place())
+        await asyncio.sleep(0)
+        third.cancel()  # waiting: it leaves the line
+        await asyncio.sleep(0)
+        limit.give_place()  # handed to the first ...
+        first.cancel()  # ... cancelled before it ran: the second gets it
+        for task in (first, third):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await asyncio.wait_for(second, 1)
+        assert limit.calling == 1 and not limit._place_waiters
+        limit.give_place()
+        assert limit.calling == 0
+        await asyncio.wait_for(limit.take_place(), 1)  # free at once
 
     asyncio.run(scenario())
