@@ -404,8 +404,9 @@ class Config:
         """Ids per message. Threads: such that every call of the group fits
         in half a lease, were each batch granted one token (its batches run
         one after another). The event loop: as set (its batches start as
-        their tokens come, side by side, so a claim waits for the window,
-        never for another claim's calls)."""
+        their tokens come, side by side, so a claim waits for the window
+        and a place among the process's calls, never for its own group's
+        other batches)."""
         if self.execution == "asyncio":
             return max(1, self.message_group_size)
         fits = int(self.lease_seconds / 2 // self.gateway_timeout_seconds)

@@ -164,10 +164,11 @@ class AsyncExecutor:
         batch's, already taken). Unlike the threaded
         executor, a batch does not wait for the one before it to be
         answered: each starts as soon as its tokens are granted, so a claim
-        waits for the window only, never for another claim's calls, and a
-        group's calls end within one call's time of its last tokens
-        (``MESSAGE_GROUP_SIZE`` is not cut to fit sequential calls in a
-        lease, paycron/config.py)."""
+        waits for the window and for a place among the process's calls (at
+        most about one call's time, :meth:`_call`), never for its own
+        group's other batches, and a group's calls end within about two
+        calls' time of its last tokens (``MESSAGE_GROUP_SIZE`` is not cut to
+        fit sequential calls in a lease, paycron/config.py)."""
         remaining = list(claims)
         running: list[asyncio.Future[list[Finished]]] = []
         try:

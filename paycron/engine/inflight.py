@@ -248,7 +248,7 @@ class AsyncInFlightLimit(InFlightLimit):
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.give_place()  # handed a place as it was cancelled: pass it on
-            else:
+            elif waiter in self._place_waiters:  # else passed over, already out of the line
                 self._place_waiters.remove(waiter)
             raise
 

@@ -542,17 +542,19 @@ def test_an_answered_call_gives_its_place_to_another_groups_call():
         await dispatcher.submit(["a", "b", "c"])
         await asyncio.sleep(0.01)  # the group runs: two answered
         assert (limit.held, limit.admitted) == (1, 3)
-        await dispatcher.submit(["d", "e", "f"])  # fits beside the one call in flight
+        # Fits beside the one call in flight (1 + 4 <= 5 + floor 1); with
+        # its three calls still counted it would not (3 + 4).
+        await dispatcher.submit(["d", "e", "f", "g"])
         await asyncio.sleep(0.01)
-        assert (limit.held, limit.admitted) == (2, 6)
-        waiting = asyncio.create_task(dispatcher.submit(["g", "h", "i", "j", "k"]))
+        assert (limit.held, limit.admitted) == (3, 7)
+        waiting = asyncio.create_task(dispatcher.submit(["h", "i", "j", "k"]))
         await asyncio.sleep(0.05)
-        assert not waiting.done()  # 2 in flight + 5 > 5 + floor 1: it waits
+        assert not waiting.done()  # 3 in flight + 4 > 5 + floor 1: it waits
         groups.release.set()
         await asyncio.wait_for(waiting, 5)
         while limit.admitted:
             await asyncio.sleep(0.01)
-        assert sorted(groups.ran) == [3, 3, 5]
+        assert sorted(groups.ran) == [3, 4, 4]
 
     asyncio.run(scenario())
 
@@ -713,7 +715,7 @@ def test_a_group_waits_for_places_call_by_call_and_the_processor_never_sees_more
         with lock:
             now["at_once"] += 1
             now["most"] = max(now["most"], now["at_once"])
-        time.sleep(0.2)
+        time.sleep(0.5)
         with lock:
             now["at_once"] -= 1
         return OK
@@ -777,4 +779,20 @@ def test_a_call_cancelled_while_it_waits_for_a_place_takes_none_and_loses_none()
         assert limit.calling == 0
         await asyncio.wait_for(limit.take_place(), 1)  # free at once
 
+    async def passed_over():
+        # Cancelled, then passed over by a place given back before its
+        # cancellation ran: it leaves quietly, the place goes to the next.
+        limit = AsyncInFlightLimit(rate=1000, max_in_flight=1, initial_latency=1.0)
+        await limit.take_place()
+        first = asyncio.create_task(limit.take_place())
+        second = asyncio.create_task(limit.take_place())
+        await asyncio.sleep(0)
+        first.cancel()
+        limit.give_place()  # the first's future is cancelled already: the second's
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await asyncio.wait_for(second, 1)
+        assert limit.calling == 1 and not limit._place_waiters
+
     asyncio.run(scenario())
+    asyncio.run(passed_over())
