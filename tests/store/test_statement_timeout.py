@@ -107,23 +107,31 @@ def test_a_create_waits_once_for_the_bound_not_once_per_session(config, alice, d
     holder = psycopg.connect(database_url)
     first.execute(q("create_payment"), params)  # uncommitted: the same key, in flight
 
-    def commit_then_hold_the_key():
+    def commit():
         time.sleep(0.6)
         first.commit()
-        holder.execute(
-            "SELECT 1 FROM idempotency_keys WHERE actor = 'alice' AND key = 'k' FOR UPDATE"
-        )
 
-    thread = threading.Thread(target=commit_then_hold_the_key)
+    def hold_the_keys():
+        # Queued (by then the create's first try is waiting for the key) behind
+        # the two writers of the table, this lock is granted the moment they
+        # end, before the replay's write can take the table: the replay then
+        # waits on it. Taking the key's row after the commit instead raced
+        # the replay, and lost under load.
+        time.sleep(0.3)
+        holder.execute("LOCK TABLE idempotency_keys IN SHARE MODE")
+
+    threads = [threading.Thread(target=commit), threading.Thread(target=hold_the_keys)]
     try:
-        thread.start()
+        for thread in threads:
+            thread.start()
         started = time.monotonic()
         response = app.test_client().post(
             "/v1/scheduled-payments", json=body, headers={**alice, "Idempotency-Key": "k"}
         )
         elapsed = time.monotonic() - started
     finally:
-        thread.join()
+        for thread in threads:
+            thread.join()
         holder.rollback()
         holder.close()
         first.close()
